@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine with Python 3.11 and make:
+#   make demo   build two sample "laptop" databases and show what dagsync sees
+#   make test   run the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := demo
+
+.PHONY: demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# One stamp per extra, remade when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/python -m fixtures family --seed 7 --machines 2 --conversations 400 --out $(DEMO)
+	@for db in $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db; do \
+		echo; echo "== dagsync stats $$db"; $(BIN)/dagsync stats $$db || exit 1; \
+	done
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .hypothesis

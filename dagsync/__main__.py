@@ -1,0 +1,3 @@
+from dagsync.cli import main
+
+main()

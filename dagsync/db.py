@@ -1,0 +1,366 @@
+"""Opening databases with APSW.
+
+Two kinds of file pass through dagsync:
+
+* A **source** is someone's history that we only read, and we do not trust
+  it: it is opened read-only with SQLite's defensive mode on and schema trust
+  off, checked with ``quick_check``, and every object dagsync will read must
+  be a real table with the columns its format has. A view or trigger posing
+  as one of those tables is refused before anything reads it, so no SQL the
+  file carries ever runs.
+* A **target** is written. It gets a busy timeout, and write transactions
+  retry on our side, because the llm CLI may be writing the same file with a
+  5 s timeout and no retry of its own: we wait, it must not have to. Files
+  dagsync creates are owner-only (0600); SQLite gives its journal and WAL
+  files the database file's mode.
+
+Every refusal is a ``DagsyncError`` whose message names what was found and
+what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import apsw
+
+from dagsync.errors import NotADatabase, UnsupportedDatabase
+from dagsync.formats import Format, Key, format_for_message_columns
+
+__all__ = [
+    "Database",
+    "create_private_file",
+    "open_source",
+    "open_target",
+    "write_transaction",
+]
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+# How long one statement waits for a lock before SQLite gives up, and how long
+# a write transaction keeps retrying after that. The first is short so that we
+# never queue ahead of llm for long; the second is our patience.
+BUSY_TIMEOUT_MS = 2000
+WRITE_RETRY_SECONDS = 120.0
+
+
+@dataclass
+class Database:
+    """An open database and the format it was found to be in."""
+
+    conn: apsw.Connection
+    path: Path
+    format: Format
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_private_file(path: Path) -> None:
+    """Create an empty file readable and writable by its owner only.
+
+    SQLite would create the file with the process umask (often 0644); we make
+    it first, exclusively, so it never exists with wider permissions.
+
+    :raises FileExistsError: the file already exists.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def _check_file(path: Path) -> None:
+    """Refuse what is not a plausible SQLite file, before SQLite opens it."""
+    if not path.exists():
+        raise NotADatabase(f"{path}: no such file")
+    if path.is_dir():
+        raise NotADatabase(f"{path} is a directory, not a database file")
+    size = path.stat().st_size
+    if size == 0:
+        raise NotADatabase(f"{path} is empty (0 bytes): it is not an llm database")
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if not header.startswith(SQLITE_HEADER):
+        raise NotADatabase(
+            f"{path} is not a SQLite database (it does not start with the SQLite header)"
+        )
+    if len(header) < 100:
+        raise NotADatabase(f"{path} is truncated: it ends inside the SQLite header")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    page_count = int.from_bytes(header[28:32], "big")
+    # The in-header size is valid only when the two change counters agree.
+    if header[24:28] == header[92:96] and page_count * page_size > size:
+        raise NotADatabase(
+            f"{path} is truncated: its header says {page_count * page_size} bytes "
+            f"but the file has {size}; restore it from a backup"
+        )
+
+
+def _harden(conn: apsw.Connection) -> None:
+    """No SQL stored in the file runs with more power than plain data needs."""
+    conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+    conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
+
+
+def _quick_check(conn: apsw.Connection, path: Path) -> None:
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+    except (apsw.CorruptError, apsw.NotADBError) as exc:
+        problems = [str(exc)]
+    if problems != ["ok"]:
+        raise NotADatabase(
+            f"{path} is damaged: PRAGMA quick_check says: {problems[0]}; "
+            f"restore it from a backup, or recover a copy with `sqlite3 {path} .recover`"
+        )
+
+
+def _schema(conn: apsw.Connection) -> dict[str, tuple[str, str, str]]:
+    """Every schema object: name -> (type, table it belongs to, its SQL)."""
+    return {
+        name: (kind, tbl, sql or "")
+        for kind, name, tbl, sql in conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_schema"
+        )
+    }
+
+
+def _columns(conn: apsw.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+
+
+def _not_a_table(path: Path, name: str, kind: str) -> UnsupportedDatabase:
+    return UnsupportedDatabase(
+        f"{path}: '{name}' is a {kind}, not a table; dagsync reads only real "
+        "tables from a source, so it refused the file without reading it"
+    )
+
+
+def detect_format(conn: apsw.Connection, path: Path) -> Format:
+    """The file's format, from the columns of its ``messages`` table.
+
+    :raises UnsupportedDatabase: no messages table, a view in its place, or
+        columns of neither format.
+    """
+    schema = _schema(conn)
+    tables = sorted(n for n, (kind, _, _) in schema.items() if kind == "table")
+    if "messages" not in schema:
+        if not tables:
+            raise UnsupportedDatabase(f"{path} is an empty SQLite database: it has no tables")
+        if "responses" in schema and "_llm_migrations" in schema:
+            raise UnsupportedDatabase(
+                f"{path} is an llm database from before the message store (it has "
+                "llm's responses table but no messages table): open it once with "
+                f"llm 0.32 or later (for example `llm logs -n 1 -d {path}`), which "
+                "migrates it, then try again"
+            )
+        shown = ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
+        raise UnsupportedDatabase(
+            f"{path} is not an llm database: it has no messages table (tables: {shown})"
+        )
+    kind = schema["messages"][0]
+    if kind != "table":
+        raise _not_a_table(path, "messages", kind)
+    columns = _columns(conn, "messages")
+    fmt = format_for_message_columns(set(columns))
+    if fmt is None:
+        raise UnsupportedDatabase(
+            f"{path} has a messages table of an unknown layout (columns: "
+            f"{', '.join(columns)}): it is neither the dag format (id, parent_id, "
+            "content_hash) nor the llm format (hash, parent_hash)"
+        )
+    return fmt
+
+
+def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
+    """Every table the format describes is a real table with the format's columns.
+
+    Tables that are optional may be absent. Triggers are allowed only where
+    the format's own DDL creates them: a read-only source never fires one,
+    but a file altered that way is not one we copy history from.
+
+    :raises UnsupportedDatabase: naming the first object that fails.
+    """
+    schema = _schema(conn)
+    described = {t.name: t for t in fmt.tables}
+    for table in fmt.tables:
+        if table.name not in schema:
+            if table.required:
+                raise UnsupportedDatabase(
+                    f"{path} looks like the {fmt.name} format but has no "
+                    f"{table.name} table: it is half-migrated or damaged; open it "
+                    "with the llm that wrote it, then try again"
+                )
+            continue
+        kind, _, sql = schema[table.name]
+        if kind != "table":
+            raise _not_a_table(path, table.name, kind)
+        if table.key is Key.DERIVED:
+            if not sql.upper().startswith("CREATE VIRTUAL TABLE") or "FTS5" not in sql.upper():
+                raise UnsupportedDatabase(
+                    f"{path}: '{table.name}' is not the FTS5 index llm creates; "
+                    "dagsync refused the file without reading it"
+                )
+            continue
+        missing = [c for c in fmt.columns[table.name] if c not in _columns(conn, table.name)]
+        if missing:
+            raise UnsupportedDatabase(
+                f"{path}: table '{table.name}' lacks column(s) {', '.join(missing)} "
+                f"of the {fmt.name} format; the file is from an older llm: open it "
+                "with the llm that wrote it (which migrates it), then try again"
+            )
+    for name, (kind, tbl, _) in sorted(schema.items()):
+        if kind != "trigger":
+            continue
+        if (tbl in described or name in described) and fmt.triggers.get(name) != tbl:
+            raise UnsupportedDatabase(
+                f"{path}: trigger '{name}' on table '{tbl}' is not one llm creates; "
+                "dagsync does not read sources altered this way (it never runs "
+                "their triggers); drop the trigger in a copy if you trust the file"
+            )
+
+
+def open_source(path: str | os.PathLike[str]) -> Database:
+    """Open a database read-only, as untrusted input, and check it before use.
+
+    :raises NotADatabase: missing, empty, not SQLite, truncated or damaged.
+    :raises UnsupportedDatabase: not an llm database, or one altered so that
+        reading it could run SQL it carries.
+    """
+    path = Path(path)
+    _check_file(path)
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.Error as exc:
+        raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
+    try:
+        _harden(conn)
+        _quick_check(conn, path)
+        fmt = detect_format(conn, path)
+        check_tables(conn, path, fmt)
+    except BaseException:
+        conn.close()
+        raise
+    return Database(conn, path, fmt)
+
+
+def _connect_target(path: Path) -> apsw.Connection:
+    conn = apsw.Connection(str(path))
+    _harden(conn)
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    return conn
+
+
+def open_target(
+    path: str | os.PathLike[str], *, create: Format | None = None, adopt: bool = False
+) -> Database:
+    """Open a database to write to.
+
+    With ``create``, a missing or empty file is made (0600) and given that
+    format's schema. With ``adopt`` as well, an existing SQLite file that has
+    no messages table (an llm database from before the message store) gets
+    the format's tables added, as llm's own migration would. Otherwise an
+    existing file must already be in a format dagsync knows.
+
+    :raises NotADatabase: missing (and not asked to create), or not SQLite.
+    :raises UnsupportedDatabase: a SQLite file in no known format.
+    """
+    path = Path(path)
+    if create is not None and not path.exists():
+        create_private_file(path)
+    if create is None or path.stat().st_size > 0:
+        _check_file(path)
+    conn = _connect_target(path)
+    try:
+        has_messages = any(conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'messages'"))
+        is_empty = not any(conn.execute("SELECT 1 FROM sqlite_schema"))
+        if create is not None and (is_empty or (adopt and not has_messages)):
+            with write_transaction(conn):
+                initialise(conn, create)
+        fmt = detect_format(conn, path)
+        check_tables(conn, path, fmt)
+    except BaseException:
+        conn.close()
+        raise
+    return Database(conn, path, fmt)
+
+
+def initialise(conn: apsw.Connection, fmt: Format) -> None:
+    """Give an empty (or partly built) database the format's schema.
+
+    Idempotent: every CREATE is IF NOT EXISTS and the rows it adds are
+    INSERT OR IGNORE. Call inside a write transaction.
+    """
+    new = not any(conn.execute("SELECT 1 FROM sqlite_schema WHERE name = '_llm_migrations'"))
+    conn.execute(fmt.schema_sql)
+    if new:
+        # A file we create records the migrations its schema embodies, so the
+        # llm that reads it does not try to migrate it again.
+        conn.executemany(
+            "INSERT OR IGNORE INTO _llm_migrations (name, applied_at) "
+            "VALUES (?, strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+            [(name,) for name in fmt.migrations],
+        )
+    for table in fmt.tables:
+        # Older llm files have a conversations table without the head pointer.
+        if table.pointer and table.pointer not in _columns(conn, table.name):
+            conn.execute(f'ALTER TABLE "{table.name}" ADD COLUMN "{table.pointer}" TEXT')
+    if fmt.root_id is not None:
+        conn.execute(
+            f"INSERT OR IGNORE INTO messages ({fmt.message_key}, {fmt.parent_column}, "
+            "content_hash, role, created_at) VALUES (?, ?, '', 'root', ?)",
+            (fmt.root_id, fmt.root_id, "1970-01-01T00:00:00Z"),
+        )
+
+
+@contextlib.contextmanager
+def write_transaction(conn: apsw.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, waiting politely for the write lock.
+
+    Joins an enclosing transaction if one is open. Taking the write lock up
+    front (IMMEDIATE) means a busy database is found before any work is done,
+    so retrying is always safe. Rolls back on any exception.
+    """
+    if conn.in_transaction:
+        yield
+        return
+    _retry_busy(conn, "BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    # In rollback-journal mode COMMIT waits for readers to finish; a busy
+    # COMMIT leaves the transaction open, so it is safe to try again.
+    _retry_busy(conn, "COMMIT")
+
+
+def _retry_busy(conn: apsw.Connection, sql: str) -> None:
+    deadline = time.monotonic() + WRITE_RETRY_SECONDS
+    delay = 0.01
+    while True:
+        try:
+            conn.execute(sql)
+            return
+        except apsw.BusyError:
+            if time.monotonic() > deadline:
+                raise
+            # Jitter so two waiting writers do not retry in lockstep.
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.5)

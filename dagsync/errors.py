@@ -1,0 +1,26 @@
+"""The errors dagsync raises on purpose.
+
+Every message is written for the person at the terminal: what was found and
+what to do about it. ``cli.py`` is the one place that turns a ``DagsyncError``
+into ``Error: <message>`` on stderr and exit status 1.
+"""
+
+
+class DagsyncError(Exception):
+    """Base class: a problem the user can act on, described in one line."""
+
+
+class NotADatabase(DagsyncError):
+    """The file is missing, empty, not SQLite, or damaged."""
+
+
+class UnsupportedDatabase(DagsyncError):
+    """A SQLite file whose schema is not one dagsync can read or trust."""
+
+
+class HashContractError(DagsyncError):
+    """A message cannot be hashed under the content-hash contract."""
+
+
+class NotFound(DagsyncError):
+    """A message or conversation id that is not in the database."""

@@ -1,0 +1,122 @@
+"""The two file formats dagsync reads, described as data.
+
+A ``Format`` names its tables, how each one is keyed, which columns hold the
+message DAG, and the DDL a new file of that format gets. Operations (stats,
+merge, gc, verify) are written once against these descriptions; a format
+module never imports an operation.
+
+Columns are not listed by hand: they are read from the format's own DDL
+(``*_schema.sql`` beside this file, copied from ``shared/spec``), so the
+description and the schema cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+
+import apsw
+
+__all__ = ["Format", "Key", "Table", "FORMATS", "format_for_message_columns"]
+
+
+class Key(enum.Enum):
+    """How a table's rows are identified, which decides how it merges."""
+
+    TEXT = "text"  # immutable text key (ULID, content hash): copy rows whose key is new
+    INTEGER = "integer"  # surrogate integer id: never copied, matched by natural key or renumbered
+    COMPOSITE = "composite"  # link rows keyed by the keys of the rows they join
+    DAG_MESSAGE = "dag-message"  # ULID id, identity (parent_id, content_hash)
+    DERIVED = "derived"  # FTS index kept by triggers: rebuilt, never copied
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    key: Key
+    # Columns whose values, taken together, identify the row across files.
+    natural_key: tuple[str, ...] = ()
+    # A source of the format must have this table; optional tables are read
+    # when present and treated as empty when absent.
+    required: bool = False
+    # A mutable pointer into the message DAG (a conversation head, a thread tip).
+    pointer: str | None = None
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    # The columns of ``messages`` that identify the format.
+    marker_columns: frozenset[str]
+    schema_resource: str
+    tables: tuple[Table, ...]
+    # The message DAG: table, key column, parent column. A chain ends at a
+    # parent equal to ``root_parent`` (the dag sentinel) or NULL (llm).
+    message_key: str
+    parent_column: str
+    root_id: str | None
+    conversation_table: str
+    call_table: str
+    part_table: str
+    # Migration names a new file of this format records in _llm_migrations.
+    migrations: tuple[str, ...] = field(default=())
+
+    @cached_property
+    def schema_sql(self) -> str:
+        return resources.files(__package__).joinpath(self.schema_resource).read_text()
+
+    @cached_property
+    def columns(self) -> dict[str, tuple[str, ...]]:
+        """Every table and view of the schema mapped to its column names, in order."""
+        conn = apsw.Connection(":memory:")
+        conn.execute(self.schema_sql)
+        names = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') ORDER BY name"
+            )
+        ]
+        out = {
+            name: tuple(row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (name,)))
+            for name in names
+        }
+        conn.close()
+        return out
+
+    @cached_property
+    def triggers(self) -> dict[str, str]:
+        """Trigger name -> the table it is on, as the format's own DDL creates them."""
+        conn = apsw.Connection(":memory:")
+        conn.execute(self.schema_sql)
+        out = dict(conn.execute("SELECT name, tbl_name FROM sqlite_schema WHERE type = 'trigger'"))
+        conn.close()
+        return out
+
+    def table(self, name: str) -> Table:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def format_for_message_columns(columns: set[str]) -> Format | None:
+    """The format whose ``messages`` has these columns, or None."""
+    from dagsync.formats.dag import DAG
+    from dagsync.formats.llm import LLM
+
+    for fmt in (DAG, LLM):
+        if fmt.marker_columns <= columns:
+            return fmt
+    return None
+
+
+def _all() -> tuple[Format, ...]:
+    from dagsync.formats.dag import DAG
+    from dagsync.formats.llm import LLM
+
+    return (DAG, LLM)
+
+
+FORMATS = _all()

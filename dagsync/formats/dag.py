@@ -1,0 +1,50 @@
+"""The ``dag`` format: llm's DAG branch (``dag.db``) and dagsync's MessageStore.
+
+Messages are ULID-keyed rows linked by ``parent_id``; a message's identity is
+``(parent_id, content_hash)`` and chains end at the sentinel row ``'root'``.
+See shared/spec/dag-format.md.
+"""
+
+from dagsync.formats import Format, Key, Table
+from dagsync.formats.legacy import LEGACY_TABLES
+
+ROOT = "root"
+
+# The branch forked from llm after m021; its m022 and m023 made the legacy
+# ``parts`` table and the DAG tables.
+MIGRATIONS = (
+    "m001_initial", "m002_id_primary_key", "m003_chat_id_foreign_key",
+    "m004_column_order", "m004_drop_provider", "m005_debug", "m006_new_logs_table",
+    "m007_finish_logs_table", "m008_reply_to_id_foreign_key",
+    "m008_fix_column_order_in_logs", "m009_delete_logs_table_if_empty",
+    "m010_create_new_log_tables", "m011_fts_for_responses", "m012_attachments_tables",
+    "m013_usage", "m014_schemas", "m015_fragments_tables", "m016_fragments_table_pks",
+    "m017_tools_tables", "m017_tools_plugin", "m018_tool_instances",
+    "m019_resolved_model", "m020_tool_results_attachments",
+    "m021_tool_results_exception", "m022_parts_table", "m023_messages_table",
+)  # fmt: skip
+
+DAG = Format(
+    name="dag",
+    marker_columns=frozenset({"id", "parent_id", "content_hash"}),
+    schema_resource="dag_schema.sql",
+    tables=(
+        Table("messages", Key.DAG_MESSAGE, ("parent_id", "content_hash"), required=True),
+        Table("message_parts", Key.TEXT, ("message_id", "order"), required=True),
+        Table("calls", Key.TEXT, ("id",), required=True),
+        *(
+            Table(t.name, t.key, t.natural_key, required=True, pointer="head_message_id")
+            if t.name == "conversations"
+            else t
+            for t in LEGACY_TABLES
+        ),
+        Table("parts", Key.INTEGER, ("response_id", "direction", "order")),
+    ),
+    message_key="id",
+    parent_column="parent_id",
+    root_id=ROOT,
+    conversation_table="conversations",
+    call_table="calls",
+    part_table="message_parts",
+    migrations=MIGRATIONS,
+)

@@ -1,0 +1,26 @@
+"""llm's legacy tables, written by every llm since 0.13 and present in both formats.
+
+``llm logs`` reads them, so a merge is complete only when they are merged too.
+"""
+
+from dagsync.formats import Key, Table
+
+LEGACY_TABLES = (
+    Table("_llm_migrations", Key.TEXT, ("name",)),
+    Table("conversations", Key.TEXT, ("id",)),
+    Table("schemas", Key.TEXT, ("id",)),
+    Table("responses", Key.TEXT, ("id",)),
+    Table("responses_fts", Key.DERIVED),
+    Table("attachments", Key.TEXT, ("id",)),
+    Table("prompt_attachments", Key.COMPOSITE, ("response_id", "attachment_id")),
+    Table("fragments", Key.INTEGER, ("hash",)),
+    Table("fragment_aliases", Key.TEXT, ("alias",)),
+    Table("prompt_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
+    Table("system_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
+    Table("tools", Key.INTEGER, ("hash",)),
+    Table("tool_instances", Key.INTEGER, ("plugin", "name", "arguments")),
+    Table("tool_responses", Key.COMPOSITE, ("tool_id", "response_id")),
+    Table("tool_calls", Key.INTEGER),
+    Table("tool_results", Key.INTEGER),
+    Table("tool_results_attachments", Key.COMPOSITE, ("tool_result_id", "attachment_id")),
+)
