@@ -40,11 +40,10 @@ class Attachment:
     content: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
-        for key in ("type", "url", "path"):
-            if getattr(self, key):
-                d[key] = getattr(self, key)
-        if self.content:
+        """Every field that is set, empty or not, so the dict loads back exactly
+        (the content hash looks only at the non-empty ones)."""
+        d: dict[str, Any] = {k: getattr(self, k) for k in ("type", "url", "path") if getattr(self, k) is not None}
+        if self.content is not None:
             d["content"] = base64.b64encode(self.content).decode("ascii")
         return d
 
@@ -211,7 +210,7 @@ def part_from_dict(d: dict[str, Any]) -> Part:
     if kind == "attachment":
         att = d.get("attachment")
         return AttachmentPart(
-            attachment=Attachment.from_dict(att) if att else None, provider_metadata=pm
+            attachment=None if att is None else Attachment.from_dict(att), provider_metadata=pm
         )
     raise ValueError(f"unknown part type: {kind!r}")
 

@@ -17,7 +17,6 @@ of 0, and a tool result's attachments. Both are additive keys in
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import time
@@ -90,15 +89,6 @@ def _json(d: dict[str, Any] | None) -> str | None:
     return None if d is None else json.dumps(d)
 
 
-def _attachment_row(att: Attachment) -> dict[str, Any]:
-    # Every field that is set, falsy or not, so the value loads back exactly;
-    # the hash (canonical.py) still sees only the truthy ones.
-    d: dict[str, Any] = {k: getattr(att, k) for k in ("type", "url", "path") if getattr(att, k) is not None}
-    if att.content is not None:
-        d["content"] = base64.b64encode(att.content).decode("ascii")
-    return d
-
-
 def _with_pm(d: dict[str, Any], pm: dict[str, Any] | None) -> dict[str, Any]:
     if pm:
         d["provider_metadata"] = pm
@@ -124,14 +114,14 @@ def part_row(part: Part) -> PartRow:
     if isinstance(part, ToolResultPart):
         d = {"name": part.name, "exception": part.exception}
         if part.attachments:  # the branch drops these; the hash needs them
-            d["attachments"] = [_attachment_row(a) for a in part.attachments]
+            d["attachments"] = [a.to_dict() for a in part.attachments]
         d = _with_pm(d, part.provider_metadata)
         return ("tool_result", part.output, _json(d), part.tool_call_id, int(part.server_executed))
     if isinstance(part, AttachmentPart):
         if part.attachment is None:
             d = {"attachment": None} if part.provider_metadata else {}
         else:
-            d = _attachment_row(part.attachment)
+            d = part.attachment.to_dict()
         d = _with_pm(d, part.provider_metadata)
         # An attachment that is present stores its dict even when it is empty.
         stored = _json(d) if part.attachment is not None or d else None
