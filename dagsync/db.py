@@ -31,7 +31,7 @@ from pathlib import Path
 import apsw
 
 from dagsync.errors import NotADatabase, UnsupportedDatabase
-from dagsync.formats import Format, Key, format_for_message_columns
+from dagsync.formats import Format, Key, format_for_message_columns, normalise_sql
 
 __all__ = [
     "Database",
@@ -129,14 +129,27 @@ def _quick_check(conn: apsw.Connection, path: Path) -> None:
         )
 
 
-def _schema(conn: apsw.Connection) -> dict[str, tuple[str, str, str]]:
-    """Every schema object: name -> (type, table it belongs to, its SQL)."""
-    return {
-        name: (kind, tbl, sql or "")
-        for kind, name, tbl, sql in conn.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_schema"
-        )
-    }
+@dataclass(frozen=True)
+class _Schema:
+    """A file's schema objects by kind: a trigger may share a table's name."""
+
+    tables: dict[str, str]  # table name -> its CREATE statement
+    views: set[str]
+    triggers: dict[str, tuple[str, str]]  # trigger name -> (its table, its SQL normalised)
+
+    @staticmethod
+    def read(conn: apsw.Connection) -> _Schema:
+        tables: dict[str, str] = {}
+        views: set[str] = set()
+        triggers: dict[str, tuple[str, str]] = {}
+        for kind, name, tbl, sql in conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"):
+            if kind == "table":
+                tables[name] = sql or ""
+            elif kind == "view":
+                views.add(name)
+            elif kind == "trigger":
+                triggers[name] = (tbl, normalise_sql(sql or ""))
+        return _Schema(tables, views, triggers)
 
 
 def _columns(conn: apsw.Connection, table: str) -> list[str]:
@@ -156,12 +169,14 @@ def detect_format(conn: apsw.Connection, path: Path) -> Format:
     :raises UnsupportedDatabase: no messages table, a view in its place, or
         columns of neither format.
     """
-    schema = _schema(conn)
-    tables = sorted(n for n, (kind, _, _) in schema.items() if kind == "table")
-    if "messages" not in schema:
+    schema = _Schema.read(conn)
+    if "messages" not in schema.tables:
+        if "messages" in schema.views:
+            raise _not_a_table(path, "messages", "view")
+        tables = sorted(schema.tables)
         if not tables:
             raise UnsupportedDatabase(f"{path} is an empty SQLite database: it has no tables")
-        if "responses" in schema and "_llm_migrations" in schema:
+        if "responses" in schema.tables and "_llm_migrations" in schema.tables:
             raise UnsupportedDatabase(
                 f"{path} is an llm database from before the message store (it has "
                 "llm's responses table but no messages table): open it once with "
@@ -172,9 +187,6 @@ def detect_format(conn: apsw.Connection, path: Path) -> Format:
         raise UnsupportedDatabase(
             f"{path} is not an llm database: it has no messages table (tables: {shown})"
         )
-    kind = schema["messages"][0]
-    if kind != "table":
-        raise _not_a_table(path, "messages", kind)
     columns = _columns(conn, "messages")
     fmt = format_for_message_columns(set(columns))
     if fmt is None:
@@ -195,10 +207,12 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
 
     :raises UnsupportedDatabase: naming the first object that fails.
     """
-    schema = _schema(conn)
-    described = {t.name: t for t in fmt.tables}
+    schema = _Schema.read(conn)
+    described = {t.name for t in fmt.tables}
     for table in fmt.tables:
-        if table.name not in schema:
+        if table.name not in schema.tables:
+            if table.name in schema.views:
+                raise _not_a_table(path, table.name, "view")
             if table.required:
                 raise UnsupportedDatabase(
                     f"{path} looks like the {fmt.name} format but has no "
@@ -206,11 +220,9 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
                     "with the llm that wrote it, then try again"
                 )
             continue
-        kind, _, sql = schema[table.name]
-        if kind != "table":
-            raise _not_a_table(path, table.name, kind)
         if table.key is Key.DERIVED:
-            if not sql.upper().startswith("CREATE VIRTUAL TABLE") or "FTS5" not in sql.upper():
+            sql = schema.tables[table.name].upper()
+            if not sql.startswith("CREATE VIRTUAL TABLE") or "FTS5" not in sql:
                 raise UnsupportedDatabase(
                     f"{path}: '{table.name}' is not the FTS5 index llm creates; "
                     "dagsync refused the file without reading it"
@@ -223,10 +235,8 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
                 f"of the {fmt.name} format; the file is from an older llm: open it "
                 "with the llm that wrote it (which migrates it), then try again"
             )
-    for name, (kind, tbl, _) in sorted(schema.items()):
-        if kind != "trigger":
-            continue
-        if (tbl in described or name in described) and fmt.triggers.get(name) != tbl:
+    for name, (tbl, sql) in sorted(schema.triggers.items()):
+        if (tbl in described or name in described) and fmt.triggers.get(name) != (tbl, sql):
             raise UnsupportedDatabase(
                 f"{path}: trigger '{name}' on table '{tbl}' is not one llm creates; "
                 "dagsync does not read sources altered this way (it never runs "

@@ -53,7 +53,7 @@ def stats(path: str | os.PathLike[str]) -> Stats:
             is_message = f"{key} != '{fmt.root_id}'"
             has_parent = f"{parent} != '{fmt.root_id}'"
         else:
-            is_message = "1"
+            is_message = f"{key} IS NOT NULL"
             has_parent = f"{parent} IS NOT NULL"
         return Stats(
             path=str(db.path),

@@ -19,7 +19,7 @@ from importlib import resources
 
 import apsw
 
-__all__ = ["Format", "Key", "Table", "FORMATS", "format_for_message_columns"]
+__all__ = ["Format", "Key", "Table", "FORMATS", "format_for_message_columns", "normalise_sql"]
 
 
 class Key(enum.Enum):
@@ -86,11 +86,14 @@ class Format:
         return out
 
     @cached_property
-    def triggers(self) -> dict[str, str]:
-        """Trigger name -> the table it is on, as the format's own DDL creates them."""
+    def triggers(self) -> dict[str, tuple[str, str]]:
+        """Trigger name -> (its table, its SQL normalised) as the format's DDL creates them."""
         conn = apsw.Connection(":memory:")
         conn.execute(self.schema_sql)
-        out = dict(conn.execute("SELECT name, tbl_name FROM sqlite_schema WHERE type = 'trigger'"))
+        out = {
+            name: (tbl, normalise_sql(sql))
+            for name, tbl, sql in conn.execute("SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'")
+        }
         conn.close()
         return out
 
@@ -99,6 +102,11 @@ class Format:
             if t.name == name:
                 return t
         raise KeyError(name)
+
+
+def normalise_sql(sql: str) -> str:
+    """Whitespace and case folded, so the same statement compares equal however laid out."""
+    return " ".join(sql.split()).lower()
 
 
 def format_for_message_columns(columns: set[str]) -> Format | None:

@@ -1,0 +1,113 @@
+"""The command line: exact output, exit codes, llm's default database."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dagsync import __version__
+from dagsync.cli import app
+from dagsync.message import Message, TextPart
+from dagsync.store import MessageStore
+
+runner = CliRunner()
+
+
+def run(*args: str, env: dict | None = None):
+    return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def dag_file(tmp_path: Path) -> Path:
+    path = tmp_path / "dag.db"
+    with MessageStore.open(path) as store:
+        conversation = store.start_conversation("c", "m")
+        head = store.save_chain([Message("user", [TextPart("q")]), Message("assistant", [TextPart("a")])])
+        store.advance_conversation(conversation, head)
+        store.fork(head, "fork")
+        store.save_chain([Message("user", [TextPart("q")]), Message("assistant", [TextPart("b")])])
+    return path
+
+
+class TestStats:
+    def test_json(self, dag_file):
+        result = run("stats", str(dag_file), "--json")
+        assert result.exit_code == 0
+        report = json.loads(result.stdout)
+        assert report["format"] == "dag"
+        assert (report["messages"], report["conversations"], report["chains"], report["forks"]) == (3, 2, 2, 1)
+        assert report["tables"]["messages"] == 4  # with the sentinel
+        assert report["file_bytes"] == dag_file.stat().st_size
+
+    def test_text(self, dag_file):
+        result = run("stats", str(dag_file))
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith(f"{dag_file}  (dag format, ")
+        assert lines[1].split() == ["conversations", "2"]
+        assert "  rows per table:" in lines
+
+    def test_an_error_is_one_line_and_exit_1(self, tmp_path):
+        bad = tmp_path / "x.db"
+        bad.write_text("hello")
+        result = run("stats", str(bad))
+        assert result.exit_code == 1
+        assert result.stderr == f"Error: {bad} is not a SQLite database (it does not start with the SQLite header)\n"
+        assert result.stdout == ""
+
+    def test_a_usage_error_is_exit_2(self):
+        assert run("stats", "a.db", "b.db").exit_code == 2
+
+    def test_unexpected_errors_are_one_line_unless_asked(self, dag_file, monkeypatch):
+        def boom(path):
+            raise KeyError("kaput")
+
+        monkeypatch.setattr("dagsync.cli.stats", boom)
+        result = run("stats", str(dag_file))
+        assert result.exit_code == 1
+        assert result.stderr == "Error: unexpected KeyError: 'kaput' (set DAGSYNC_RAISE_ERRORS=1 to see where)\n"
+        monkeypatch.setenv("DAGSYNC_RAISE_ERRORS", "1")
+        with pytest.raises(KeyError):
+            run("stats", str(dag_file))
+
+
+class TestDefaultDatabase:
+    def test_dag_db_is_preferred_to_logs_db(self, tmp_path, dag_file):
+        (tmp_path / "logs.db").write_text("not used")
+        result = run("stats", "--json", env={"LLM_USER_PATH": str(tmp_path)})
+        assert json.loads(result.stdout)["path"] == str(tmp_path / "dag.db")
+
+    def test_logs_db_when_there_is_no_dag_db(self, tmp_path, dag_file):
+        dag_file.rename(tmp_path / "logs.db")
+        result = run("stats", "--json", env={"LLM_USER_PATH": str(tmp_path)})
+        assert json.loads(result.stdout)["path"] == str(tmp_path / "logs.db")
+
+    def test_neither(self, tmp_path):
+        result = run("stats", env={"LLM_USER_PATH": str(tmp_path)})
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: no database given, and llm's directory {tmp_path} has neither dag.db "
+            "nor logs.db; pass the database file as an argument\n"
+        )
+
+
+class TestEntryPoints:
+    def test_version(self):
+        result = run("--version")
+        assert (result.exit_code, result.stdout) == (0, f"dagsync {__version__}\n")
+
+    def test_help_lists_the_commands(self):
+        result = run("--help")
+        assert result.exit_code == 0 and "stats" in result.stdout
+
+    def test_python_dash_m(self, dag_file):
+        done = subprocess.run(
+            [sys.executable, "-m", "dagsync", "stats", str(dag_file), "--json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert json.loads(done.stdout)["format"] == "dag"
