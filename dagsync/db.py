@@ -269,7 +269,10 @@ def open_source(path: str | os.PathLike[str]) -> Database:
 
 
 def _connect_target(path: Path) -> apsw.Connection:
-    conn = apsw.Connection(str(path))
+    # URI filenames let a merge ATTACH its sources read-only (``?mode=ro``);
+    # the target's own path is passed as a plain path, never a URI.
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI
+    conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
     _harden(conn)
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA foreign_keys = OFF")

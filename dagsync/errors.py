@@ -24,3 +24,15 @@ class HashContractError(DagsyncError):
 
 class NotFound(DagsyncError):
     """A message or conversation id that is not in the database."""
+
+
+class MergeConflict(DagsyncError):
+    """The same key holds different content on the two sides; nothing was written."""
+
+    def __init__(self, message: str, conflicts: list[str]) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
+
+
+class DamagedSource(DagsyncError):
+    """A source whose rows contradict themselves (a cycle, a dangling reference)."""

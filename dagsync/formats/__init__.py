@@ -43,6 +43,12 @@ class Table:
     required: bool = False
     # A mutable pointer into the message DAG (a conversation head, a thread tip).
     pointer: str | None = None
+    # (column, table): rows are copied only together with the row they belong
+    # to, and only when that row is new (a message's parts).
+    owner: tuple[str, str] | None = None
+    # Columns compared when a key is on both sides; None means every column
+    # but the key and the pointer. () means rows with the same key never conflict.
+    compare: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,39 @@ class Format:
         }
         conn.close()
         return out
+
+    @cached_property
+    def references(self) -> dict[str, dict[str, str]]:
+        """Table -> {column: referenced table}, from the DDL's foreign keys."""
+        conn = apsw.Connection(":memory:")
+        conn.execute(self.schema_sql)
+        out = {
+            t.name: {
+                row[3]: row[2]
+                for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (t.name,))
+            }
+            for t in self.tables
+            if t.key is not Key.DERIVED
+        }
+        conn.close()
+        return out
+
+    @cached_property
+    def merge_order(self) -> tuple[Table, ...]:
+        """Tables in an order where every table comes after the ones it references,
+        so that inserting in this order never leaves a reference dangling."""
+        done: list[Table] = []
+        pending = [t for t in self.tables if t.key is not Key.DERIVED]
+        while pending:
+            ready = [
+                t for t in pending
+                if all(ref == t.name or ref in {d.name for d in done} for ref in self.references[t.name].values())
+            ]  # fmt: skip
+            if not ready:
+                raise ValueError(f"reference cycle among {[t.name for t in pending]}")
+            done.extend(ready)
+            pending = [t for t in pending if t not in ready]
+        return tuple(done)
 
     def table(self, name: str) -> Table:
         for t in self.tables:

@@ -29,8 +29,8 @@ DAG = Format(
     marker_columns=frozenset({"id", "parent_id", "content_hash"}),
     schema_resource="dag_schema.sql",
     tables=(
-        Table("messages", Key.DAG_MESSAGE, ("parent_id", "content_hash"), required=True),
-        Table("message_parts", Key.TEXT, ("message_id", "order"), required=True),
+        Table("messages", Key.DAG_MESSAGE, ("id",), required=True),
+        Table("message_parts", Key.TEXT, ("id",), required=True, owner=("message_id", "messages")),
         Table("calls", Key.TEXT, ("id",), required=True),
         *(
             Table(t.name, t.key, t.natural_key, required=True, pointer="head_message_id")

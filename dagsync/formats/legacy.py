@@ -6,7 +6,8 @@
 from dagsync.formats import Key, Table
 
 LEGACY_TABLES = (
-    Table("_llm_migrations", Key.TEXT, ("name",)),
+    # Which migrations a file has had; merged as a union (applied_at differs by file).
+    Table("_llm_migrations", Key.TEXT, ("name",), compare=()),
     Table("conversations", Key.TEXT, ("id",)),
     Table("schemas", Key.TEXT, ("id",)),
     Table("responses", Key.TEXT, ("id",)),
@@ -20,6 +21,7 @@ LEGACY_TABLES = (
     Table("tools", Key.INTEGER, ("hash",)),
     Table("tool_instances", Key.INTEGER, ("plugin", "name", "arguments")),
     Table("tool_responses", Key.COMPOSITE, ("tool_id", "response_id")),
+    # No natural key of their own: matched on every column but the id.
     Table("tool_calls", Key.INTEGER),
     Table("tool_results", Key.INTEGER),
     Table("tool_results_attachments", Key.COMPOSITE, ("tool_result_id", "attachment_id")),

@@ -1,0 +1,750 @@
+"""merge: copy every row of every source into a target, losing nothing.
+
+One engine merges every table of a format, driven by the format's table
+descriptions (``dagsync/formats``): how a table is keyed decides how its rows
+are matched, and its foreign keys decide which columns are rewritten and in
+which order tables are copied. For each source:
+
+1. **Check** the source as untrusted input (``open_source``), then attach it
+   read-only to the target's connection.
+2. **Plan** (reads only, writes nothing but temp tables): map every source
+   message onto the target (``(mapped parent, content_hash)`` already there ->
+   that row; else a new row), level by level from the root so a mapped parent
+   carries its children with it; match integer-keyed rows by natural key;
+   decide each mutable pointer (fast-forward, keep, or fork); find conflicts
+   (a key on both sides with different content) and damage (a cycle, a
+   dangling reference). Any conflict stops the merge here, before a write.
+3. **Apply** in short write transactions, tables in reference order and
+   messages parents-first, so that every commit point leaves no reference
+   dangling and a ``kill -9`` at any moment leaves a consistent file that a
+   re-run completes. No transaction holds the write lock for long: a llm
+   writing the same file with a 5 s busy timeout never fails.
+
+Re-running recomputes the plan from the files alone: rows already copied are
+found by key, so a second merge writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from dagsync import bookkeeping
+from dagsync.db import Database, open_source, open_target, write_transaction
+from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
+from dagsync.formats import Format, Key, Table
+from dagsync.store import UlidFactory
+
+__all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
+
+Progress = Callable[[str, int, int], None]
+
+# Message kinds in temp.msg_map.
+SAME, MAPPED, NEW = 0, 1, 2
+# Pointer verdicts in temp.ptr.
+FAST_FORWARD, KEEP, FORK = 1, 2, 3
+
+# Aim for write transactions this long; chunk sizes adapt to it. Far below
+# llm's 5 s busy timeout, and reads between them are bounded the same way.
+TARGET_SECONDS = 0.15
+MAX_CONFLICTS_SHOWN = 10
+# A live writer that inserts a colliding row between plan and apply makes an
+# insert fail; the merge then re-plans from the files, this many times.
+ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class TableReport:
+    table: str
+    added: int = 0  # rows copied into the target
+    mapped: int = 0  # rows found in the target under another key
+    existing: int = 0  # rows the target already had
+    updated: int = 0  # pointers fast-forwarded
+    forked: int = 0  # fork rows added for pointers that diverged
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    source: str
+    format: str
+    tables: tuple[TableReport, ...]
+
+    def table(self, name: str) -> TableReport:
+        return next(t for t in self.tables if t.table == name)
+
+    @property
+    def written(self) -> int:
+        return sum(t.added + t.updated + t.forked for t in self.tables)
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    target: str
+    created: bool
+    dry_run: bool
+    sources: tuple[SourceReport, ...]
+    seconds: float
+
+
+def merge(
+    target: str | os.PathLike[str],
+    sources: list[str | os.PathLike[str]],
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> MergeReport:
+    """Merge each source into ``target``, in order; create ``target`` if it does not exist.
+
+    A missing target is created (0600) with the first source's format. Sources
+    are only read. With ``dry_run`` nothing is written anywhere and the report
+    says what a real run would add, map and fork.
+
+    :raises NotADatabase, UnsupportedDatabase: a file dagsync cannot read or trust.
+    :raises DamagedSource: a source whose parent links or references are broken.
+    :raises MergeConflict: a key with different content on the two sides.
+    """
+    started = time.perf_counter()
+    if not sources:
+        raise DagsyncError("no source databases given: merge TARGET SOURCE [SOURCE...]")
+    target = Path(target)
+    source_paths = [Path(s) for s in sources]
+    # Check every source before touching the target, so a bad one late in the
+    # list cannot leave the target half-merged.
+    formats = []
+    for path in source_paths:
+        if target.exists() and path.exists() and os.path.samefile(target, path):
+            raise DagsyncError(f"{path} is the target itself; give another file as the source")
+        with open_source(path) as src:
+            formats.append(src.format)
+    created = not target.exists()
+    scratch = None
+    if created and dry_run:
+        # Plan against an empty database of the right format, then throw it away.
+        scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
+        target_db = open_target(Path(scratch) / "target.db", create=formats[0])
+    elif created:
+        target_db = open_target(target, create=formats[0])
+    else:
+        target_db = open_target(target)
+    reports: list[SourceReport] = []
+    try:
+        for path, fmt in zip(source_paths, formats):
+            if fmt is not target_db.format:
+                raise UnsupportedDatabase(
+                    f"{path} is in the {fmt.name} format but {target} is in the "
+                    f"{target_db.format.name} format; dagsync merges files of the same format"
+                )
+            reports.append(_merge_one(target_db, path, dry_run, progress))
+    except BaseException:
+        target_db.close()
+        if created and not dry_run and not any(r.written for r in reports):
+            _remove_database(target)
+        raise
+    finally:
+        if scratch:
+            target_db.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+    target_db.close()
+    return MergeReport(str(target), created, dry_run, tuple(reports), round(time.perf_counter() - started, 3))
+
+
+def _remove_database(path: Path) -> None:
+    """Remove a target this run created and never wrote history to."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress | None) -> SourceReport:
+    for attempt in range(1, ATTEMPTS + 1):
+        run = _SourceMerge(target, source, progress)
+        try:
+            run.attach()
+            run.plan()
+            if run.conflicts:
+                shown = run.conflicts[:MAX_CONFLICTS_SHOWN]
+                more = len(run.conflicts) - len(shown)
+                raise MergeConflict(
+                    f"{source} and {target.path} hold different content under the same "
+                    f"key, so nothing was merged: {'; '.join(shown)}"
+                    + (f"; and {more} more" if more > 0 else ""),
+                    run.conflicts,
+                )
+            if not dry_run:
+                run.apply()
+            return run.report()
+        except apsw.ConstraintError:
+            # Someone wrote a colliding row between plan and apply; every
+            # commit so far is consistent, so plan again from the files.
+            if attempt == ATTEMPTS:
+                raise
+        finally:
+            run.detach()
+    raise AssertionError("unreachable")
+
+
+def _quoted(columns: tuple[str, ...] | list[str], alias: str = "") -> str:
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f'{prefix}"{c}"' for c in columns)
+
+
+@dataclass
+class _Counts:
+    added: int = 0
+    mapped: int = 0
+    existing: int = 0
+    updated: int = 0
+    forked: int = 0
+
+
+class _Pacer:
+    """Chunk sizes that keep each statement or transaction near TARGET_SECONDS."""
+
+    def __init__(self, size: int = 2000) -> None:
+        self.size = size
+
+    def timed(self, seconds: float) -> None:
+        if seconds < TARGET_SECONDS / 2:
+            self.size = min(self.size * 2, 200_000)
+        elif seconds > TARGET_SECONDS * 2:
+            self.size = max(self.size // 2, 50)
+
+
+class _SourceMerge:
+    """One source into one target: plan, then apply."""
+
+    def __init__(self, target: Database, source: Path, progress: Progress | None) -> None:
+        self.db = target
+        self.conn = target.conn
+        self.fmt: Format = target.format
+        self.source = source
+        self.progress = progress or (lambda phase, done, total: None)
+        self.conflicts: list[str] = []
+        self.counts: dict[str, _Counts] = {t.name: _Counts() for t in self.fmt.merge_order}
+        self.pacer = _Pacer()
+        self.new_id = UlidFactory()
+        self.attached = False
+        self.dag = next((t for t in self.fmt.tables if t.key is Key.DAG_MESSAGE), None)
+        self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
+
+    # -- plumbing ------------------------------------------------------------
+
+    def attach(self) -> None:
+        uri = "file:" + urllib.parse.quote(str(self.source.resolve())) + "?mode=ro"
+        self.conn.execute("ATTACH DATABASE ? AS src", (uri,))
+        self.attached = True
+        self.source_tables = {
+            name for (name,) in self.conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")
+        }
+
+    def detach(self) -> None:
+        if not self.attached:
+            return
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        for (name,) in list(self.conn.execute("SELECT name FROM temp.sqlite_schema WHERE type = 'table'")):
+            self.conn.execute(f'DROP TABLE temp."{name}"')
+        self.conn.execute("DETACH DATABASE src")
+        self.attached = False
+
+    def one(self, sql: str, params: Any = ()) -> Any:
+        for row in self.conn.execute(sql, params):
+            return row[0]
+        return None
+
+    def changes(self) -> int:
+        return self.conn.changes()
+
+    def chunks(self, schema_table: str, column: str = "rowid") -> Iterator[tuple[int, int]]:
+        """Consecutive inclusive ``column`` ranges of about ``pacer.size`` rows each.
+
+        Statements run one range at a time, so none holds a lock on a file
+        for long, however big the table.
+        """
+        low = self.one(f"SELECT min({column}) FROM {schema_table}")
+        while low is not None:
+            high = self.one(
+                f"SELECT {column} FROM {schema_table} WHERE {column} >= ? ORDER BY {column} LIMIT 1 OFFSET ?",
+                (low, self.pacer.size - 1),
+            )
+            if high is None:
+                high = self.one(f"SELECT max({column}) FROM {schema_table}")
+            started = time.perf_counter()
+            yield low, high
+            self.pacer.timed(time.perf_counter() - started)
+            low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE {column} > ?", (high,))
+
+    def present(self, table: Table) -> bool:
+        return table.name in self.source_tables
+
+    # -- how a source column becomes a target value ------------------------------
+
+    def expr(self, table: Table, column: str, alias: str = "s") -> str:
+        """SQL for ``column`` of a source row, rewritten into the target's keys."""
+        ref = self.fmt.references[table.name].get(column)
+        if ref is not None and ref != table.name:
+            ref_table = self.fmt.table(ref)
+            if ref_table.key is Key.DAG_MESSAGE:
+                return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
+            if ref_table.key is Key.INTEGER:
+                return f'(SELECT dst FROM temp."map_{ref}" WHERE src = {alias}."{column}")'
+        return f'{alias}."{column}"'
+
+    def column_list(self, table: Table) -> str:
+        return _quoted(self.columns[table.name])
+
+    def natural_key(self, table: Table) -> tuple[str, ...]:
+        if table.natural_key:
+            return table.natural_key
+        return tuple(c for c in self.columns[table.name] if c != "id")
+
+    def key_match(self, table: Table, target_alias: str = "t") -> str:
+        return " AND ".join(
+            f'{target_alias}."{c}" IS {self.expr(table, c)}' for c in self.natural_key(table)
+        )
+
+    # -- plan ----------------------------------------------------------------------
+
+    def plan(self) -> None:
+        order = [t for t in self.fmt.merge_order if self.present(t)]
+        for step, table in enumerate(order):
+            self.progress(f"planning {table.name}", step, len(order))
+            if table.key is Key.DAG_MESSAGE:
+                self.plan_messages(table)
+            elif table.owner is not None:
+                self.plan_owned(table)
+            elif table.key is Key.INTEGER:
+                self.plan_integer(table)
+            else:
+                self.plan_keyed(table)
+            self.check_dangling(table)
+            if table.pointer:
+                self.plan_pointer(table)
+        self.progress("planned", len(order), len(order))
+
+    def plan_messages(self, table: Table) -> None:
+        """Map every source message onto the target, parents before children."""
+        c = self.conn
+        c.execute(
+            "CREATE TEMP TABLE src_msg (rid INTEGER PRIMARY KEY, id TEXT NOT NULL, parent_id TEXT, hash TEXT)"
+        )
+        for low, high in self.chunks("src.messages"):
+            c.execute(
+                "INSERT INTO temp.src_msg SELECT rowid, id, parent_id, content_hash FROM src.messages "
+                "WHERE rowid BETWEEN ? AND ? AND id != 'root'",
+                (low, high),
+            )
+        c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
+        c.execute(
+            "CREATE TEMP TABLE msg_map (src TEXT PRIMARY KEY, dst TEXT NOT NULL, parent TEXT NOT NULL, "
+            "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
+        )
+        c.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
+        c.execute("INSERT INTO temp.msg_map VALUES ('root', 'root', 'root', 0, 0)")
+        c.execute(
+            "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, match TEXT, "
+            "id_exists INTEGER, id_parent TEXT, id_hash TEXT)"
+        )
+        c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
+        total = self.one("SELECT count(*) FROM temp.src_msg")
+        depth, done = 0, 0
+        while True:
+            c.execute("DELETE FROM temp.lvl")
+            c.execute(
+                "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
+                "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
+                "(SELECT src FROM temp.msg_map)",
+                (depth,),
+            )
+            if self.changes() == 0:
+                break
+            for low, high in self.chunks("temp.lvl"):
+                # Look the level up in the target: by identity, and by id.
+                c.execute(
+                    "UPDATE temp.lvl SET "
+                    "match = (SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
+                    "AND t.content_hash = lvl.hash), "
+                    "(id_exists, id_parent, id_hash) = (SELECT 1, t.parent_id, t.content_hash "
+                    "FROM main.messages t WHERE t.id = lvl.src) "
+                    "WHERE rowid BETWEEN ? AND ?",
+                    (low, high),
+                )
+            for src, id_parent, id_hash, p, h in c.execute(
+                "SELECT src, id_parent, id_hash, p, hash FROM temp.lvl WHERE id_exists "
+                "AND (id_parent IS NOT p OR id_hash IS NOT hash) LIMIT ?",
+                (MAX_CONFLICTS_SHOWN * 10,),
+            ):
+                self.conflicts.append(
+                    f"message {src} is (parent {id_parent}, hash {id_hash[:12]}) in the target "
+                    f"but (parent {p}, hash {h[:12]}) in the source"
+                )
+            # The message's own id when the target has it unchanged; else the
+            # target's row with its identity; else a new row - the smallest
+            # source id among source rows with the same identity, so duplicates
+            # in a source without the unique index collapse as canonicalise would.
+            c.execute(
+                "INSERT INTO temp.msg_map (src, dst, parent, depth, kind) "
+                "SELECT src, dst, p, ?, CASE WHEN dst = src AND NOT found THEN ? "
+                "WHEN dst = src THEN ? ELSE ? END FROM ("
+                "  SELECT l.src, l.p, "
+                "  CASE WHEN l.id_exists AND l.id_parent IS l.p AND l.id_hash IS l.hash THEN l.src "
+                "       WHEN l.match IS NOT NULL THEN l.match "
+                "       ELSE (SELECT min(l2.src) FROM temp.lvl l2 WHERE l2.p = l.p AND l2.hash IS l.hash) "
+                "  END AS dst, "
+                "  (l.match IS NOT NULL OR coalesce(l.id_exists, 0)) AS found "
+                "  FROM temp.lvl l)",
+                (depth + 1, NEW, SAME, MAPPED),
+            )
+            done += self.one("SELECT count(*) FROM temp.lvl")
+            self.progress("mapping messages", done, total)
+            depth += 1
+        unreachable = self.one("SELECT count(*) FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map)")
+        if unreachable:
+            example, parent = next(iter(c.execute(
+                "SELECT id, parent_id FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map) "
+                "ORDER BY id LIMIT 1"
+            )))  # fmt: skip
+            dangling = self.one(
+                "SELECT count(*) FROM temp.src_msg s WHERE s.parent_id != 'root' AND NOT EXISTS "
+                "(SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id)"
+            )
+            why = "a parent that does not exist" if dangling else "a cycle in the parent links"
+            raise DamagedSource(
+                f"{self.source}: {unreachable} message(s) do not lead back to the root "
+                f"({why}; for example message {example} has parent {parent}); "
+                "nothing was merged - run `dagsync verify` on the source"
+            )
+        c.execute("CREATE TEMP TABLE msg_new (seq INTEGER PRIMARY KEY, src TEXT NOT NULL, parent TEXT NOT NULL)")
+        c.execute(
+            "INSERT INTO temp.msg_new (src, parent) SELECT src, parent FROM temp.msg_map "
+            "WHERE kind = ? ORDER BY depth, src",
+            (NEW,),
+        )
+        counts = self.counts[table.name]
+        for kind, n in c.execute("SELECT kind, count(*) FROM temp.msg_map WHERE src != 'root' GROUP BY kind"):
+            if kind == NEW:
+                counts.added = n
+            elif kind == MAPPED:
+                counts.mapped = n
+            else:
+                counts.existing = n
+
+    def plan_owned(self, table: Table) -> None:
+        """Rows that travel with their owner: counted for new owners, checked for clashes."""
+        column, _ = table.owner  # type: ignore[misc]
+        key = table.natural_key[0]
+        self.counts[table.name].added = self.one(
+            f'SELECT count(*) FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src'
+        )
+        for (clash,) in self.conn.execute(
+            f'SELECT s."{key}" FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
+            f'JOIN main."{table.name}" t ON t."{key}" = s."{key}" LIMIT ?',
+            (MAX_CONFLICTS_SHOWN,),
+        ):
+            self.conflicts.append(f"{table.name} {clash} belongs to a new message but is already in the target")
+
+    def plan_integer(self, table: Table) -> None:
+        """Match integer-keyed rows by natural key; the rest get new ids when applied."""
+        c = self.conn
+        name = table.name
+        nk = self.natural_key(table)
+        # A copy of the target's natural keys with an index, so matching is a
+        # lookup per row whatever indexes the target has.
+        keys = _quoted(nk)
+        c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys} FROM main."{name}" WHERE 0')
+        for low, high in self.chunks(f'main."{name}"', "id"):
+            c.execute(
+                f'INSERT INTO temp."tk_{name}" SELECT id, {keys} FROM main."{name}" WHERE id BETWEEN ? AND ?',
+                (low, high),
+            )
+        c.execute(f'CREATE INDEX temp."tk_{name}_nk" ON "tk_{name}" ({keys})')
+        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
+        for low, high in self.chunks(f'src."{name}"', "id"):
+            # New rows get a negative placeholder, which no target row matches,
+            # until apply gives them real ids.
+            c.execute(
+                f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT s.id, coalesce(m, -s.id), m IS NULL FROM '
+                f'(SELECT s.id, (SELECT min(t.id) FROM temp."tk_{name}" t WHERE {self.key_match(table)}) AS m '
+                f'FROM src."{name}" s WHERE s.id BETWEEN ? AND ?) s',
+                (low, high),
+            )
+        counts = self.counts[name]
+        counts.added = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE new')
+        counts.existing = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new')
+
+    def plan_keyed(self, table: Table) -> None:
+        """Text and composite keys: rows whose key is new are added; the rest are compared."""
+        name = table.name
+        key = table.natural_key
+        compare = table.compare
+        if compare is None:
+            compare = tuple(c for c in self.columns[name] if c not in key and c != table.pointer)
+        added = existing = 0
+        match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in key)
+        differs = " OR ".join(f't."{c}" IS NOT {self.expr(table, c)}' for c in compare) or "0"
+        for low, high in self.chunks(f'src."{name}"'):
+            added += self.one(
+                f'SELECT count(*) FROM src."{name}" s WHERE s.rowid BETWEEN ? AND ? '
+                f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE {match})',
+                (low, high),
+            )
+            existing += self.one(
+                f'SELECT count(*) FROM src."{name}" s JOIN main."{name}" t ON {match} '
+                "WHERE s.rowid BETWEEN ? AND ?",
+                (low, high),
+            )
+            if table.key is Key.TEXT and len(self.conflicts) < MAX_CONFLICTS_SHOWN * 10:
+                for (k,) in self.conn.execute(
+                    f'SELECT s."{key[0]}" FROM src."{name}" s JOIN main."{name}" t ON {match} '
+                    f"WHERE s.rowid BETWEEN ? AND ? AND ({differs}) LIMIT ?",
+                    (low, high, MAX_CONFLICTS_SHOWN),
+                ):
+                    self.conflicts.append(f"{name} {k} differs between the two files")
+        counts = self.counts[name]
+        counts.added, counts.existing = added, existing
+
+    def check_dangling(self, table: Table) -> None:
+        """A source reference that resolves nowhere would dangle in the target: refuse it."""
+        for column, ref in self.fmt.references[table.name].items():
+            if ref == table.name:
+                continue  # parent links: checked by plan_messages
+            ref_table = self.fmt.table(ref)
+            value = self.expr(table, column)
+            if ref_table.key in (Key.DAG_MESSAGE, Key.INTEGER):
+                resolves = f"{value} IS NOT NULL"
+            else:
+                ref_key = ref_table.natural_key[0]
+                in_source = (
+                    f'EXISTS (SELECT 1 FROM src."{ref}" r WHERE r."{ref_key}" = s."{column}")'
+                    if self.present(ref_table)
+                    else "0"
+                )
+                resolves = f'({in_source} OR EXISTS (SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{column}"))'
+            where = f's."{column}" IS NOT NULL AND NOT {resolves}'
+            if table.owner is not None:
+                where += f' AND s."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
+            for (bad,) in self.conn.execute(f'SELECT s."{column}" FROM src."{table.name}" s WHERE {where} LIMIT 1'):
+                raise DamagedSource(
+                    f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, which "
+                    "neither file has; nothing was merged - run `dagsync verify` on the source"
+                )
+
+    def plan_pointer(self, table: Table) -> None:
+        """Decide each pointer both sides have but set differently."""
+        c = self.conn
+        name, pointer = table.name, table.pointer
+        key = table.natural_key[0]
+        head = self.expr(table, pointer)
+        c.execute(
+            "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, verdict INTEGER)"
+        )
+        for low, high in self.chunks(f'src."{name}"'):
+            c.execute(
+                f'INSERT INTO temp.ptr (key, s_raw, s_head, t_head) SELECT s."{key}", s."{pointer}", {head}, '
+                f't."{pointer}" FROM src."{name}" s JOIN main."{name}" t ON t."{key}" = s."{key}" '
+                f"WHERE s.rowid BETWEEN ? AND ? AND {head} IS NOT NULL AND {head} IS NOT t.\"{pointer}\"",
+                (low, high),
+            )
+        c.execute("UPDATE temp.ptr SET verdict = ? WHERE t_head IS NULL", (FAST_FORWARD,))
+        mkey, parent, root = self.fmt.message_key, self.fmt.parent_column, self.fmt.root_id
+        not_root = f"m.{mkey} != '{root}'" if root else "1"
+        src_dst = "(SELECT dst FROM temp.msg_map WHERE src = up.cur)" if self.dag else "up.cur"
+        # The target's head is on the source head's chain: fast-forward.
+        c.execute(
+            f"WITH RECURSIVE up(k, cur) AS (SELECT key, s_raw FROM temp.ptr WHERE verdict IS NULL "
+            f"UNION SELECT up.k, m.{parent} FROM up JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
+            f"UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND key IN "
+            f"(SELECT up.k FROM up JOIN temp.ptr p ON p.key = up.k WHERE {src_dst} = p.t_head)",
+            (FAST_FORWARD,),
+        )
+        # The source head is on the target head's chain: the target is ahead.
+        c.execute(
+            f"WITH RECURSIVE up(k, cur) AS (SELECT key, t_head FROM temp.ptr WHERE verdict IS NULL "
+            f"UNION SELECT up.k, m.{parent} FROM up JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
+            f"UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND key IN "
+            f"(SELECT up.k FROM up JOIN temp.ptr p ON p.key = up.k WHERE up.cur = p.s_head)",
+            (KEEP,),
+        )
+        # Diverged: fork, unless an earlier merge already did.
+        if bookkeeping.has(c, "_dagsync_forks"):
+            c.execute(
+                "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS (SELECT 1 FROM "
+                "main._dagsync_forks f WHERE f.pointer_table = ? AND f.key = ptr.key AND f.head = ptr.s_head)",
+                (KEEP, name),
+            )
+        c.execute("UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL", (FORK,))
+        counts = self.counts[name]
+        counts.updated = self.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FAST_FORWARD,))
+        counts.forked = self.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FORK,))
+
+    # -- apply ---------------------------------------------------------------------
+
+    def apply(self) -> None:
+        order = [t for t in self.fmt.merge_order if self.present(t) and t.owner is None]
+        written = {name: _Counts() for name in self.counts}
+        for step, table in enumerate(order):
+            self.progress(f"copying {table.name}", step, len(order))
+            if table.key is Key.DAG_MESSAGE:
+                self.apply_messages(table, written)
+            elif table.key is Key.INTEGER:
+                self.apply_integer(table, written)
+            else:
+                self.apply_keyed(table, written)
+            if table.pointer:
+                self.apply_pointer(table, written)
+        self.progress("copied", len(order), len(order))
+        # Report what was done, which is what the plan said unless a live
+        # writer got there first.
+        for name, done in written.items():
+            counts = self.counts[name]
+            counts.added, counts.updated, counts.forked = done.added, done.updated, done.forked
+
+    def apply_messages(self, table: Table, written: dict[str, _Counts]) -> None:
+        c = self.conn
+        cols = self.columns[table.name]
+        select = ", ".join('n.parent' if col == "parent_id" else f's."{col}"' for col in cols)
+        owned = [t for t in self.fmt.merge_order if t.owner and t.owner[1] == table.name and self.present(t)]
+        for low, high in self.chunks("temp.msg_new", "seq"):
+            with write_transaction(c):
+                # Parents first (msg_new is ordered by depth): every commit
+                # leaves each inserted message's parent in place.
+                c.execute(
+                    f"INSERT INTO main.messages ({self.column_list(table)}) SELECT {select} "
+                    "FROM temp.msg_new n JOIN src.messages s ON s.id = n.src "
+                    "WHERE n.seq BETWEEN ? AND ? ORDER BY n.seq",
+                    (low, high),
+                )
+                written[table.name].added += self.changes()
+                for part in owned:
+                    c.execute(
+                        f'INSERT INTO main."{part.name}" ({self.column_list(part)}) '
+                        f'SELECT {_quoted(self.columns[part.name], "s")} '
+                        f'FROM temp.msg_new n JOIN src."{part.name}" s ON s."{part.owner[0]}" = n.src '
+                        "WHERE n.seq BETWEEN ? AND ?",
+                        (low, high),
+                    )
+                    written[part.name].added += self.changes()
+            self.progress("copying messages", high, self.counts[table.name].added)
+        # Record where each mapped message went, for holders of its old id.
+        source_map = bookkeeping.has(c, "_dagsync_message_map", "src")
+        mapped = self.one("SELECT count(*) FROM temp.msg_map WHERE kind = ?", (MAPPED,))
+        if mapped or source_map:
+            with write_transaction(c):
+                bookkeeping.ensure(c)
+            for low, high in self.chunks("temp.msg_map", "src"):
+                with write_transaction(c):
+                    c.execute(
+                        "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
+                        "SELECT src, dst FROM temp.msg_map WHERE kind = ? AND src BETWEEN ? AND ?",
+                        (MAPPED, low, high),
+                    )
+            if source_map:
+                # The source's own records of old ids, carried over to where they landed.
+                with write_transaction(c):
+                    c.execute(
+                        "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
+                        "SELECT s.source_id, m.dst FROM src._dagsync_message_map s "
+                        "JOIN temp.msg_map m ON m.src = s.target_id"
+                    )
+
+    def apply_integer(self, table: Table, written: dict[str, _Counts]) -> None:
+        c = self.conn
+        name = table.name
+        cols = self.columns[name]
+        select = ", ".join("m.dst" if col == "id" else self.expr(table, col) for col in cols)
+        for low, high in self.chunks(f'temp."map_{name}"', "src"):
+            with write_transaction(c):
+                # Ids are taken under the write lock, after the target's highest.
+                base = self.one(f'SELECT coalesce(max(id), 0) FROM main."{name}"')
+                c.execute(
+                    f'UPDATE temp."map_{name}" SET dst = ? + r.n FROM (SELECT src, row_number() OVER '
+                    f'(ORDER BY src) AS n FROM temp."map_{name}" WHERE new AND src BETWEEN ? AND ?) r '
+                    f'WHERE "map_{name}".src = r.src',
+                    (base, low, high),
+                )
+                c.execute(
+                    f'INSERT INTO main."{name}" ({self.column_list(table)}) SELECT {select} '
+                    f'FROM temp."map_{name}" m JOIN src."{name}" s ON s.id = m.src '
+                    "WHERE m.new AND m.src BETWEEN ? AND ? ORDER BY m.src",
+                    (low, high),
+                )
+                written[name].added += self.changes()
+
+    def apply_keyed(self, table: Table, written: dict[str, _Counts]) -> None:
+        c = self.conn
+        name = table.name
+        select = ", ".join(self.expr(table, col) for col in self.columns[name])
+        match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in table.natural_key)
+        for low, high in self.chunks(f'src."{name}"'):
+            with write_transaction(c):
+                c.execute(
+                    f'INSERT INTO main."{name}" ({self.column_list(table)}) SELECT {select} '
+                    f'FROM src."{name}" s WHERE s.rowid BETWEEN ? AND ? '
+                    f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE {match})',
+                    (low, high),
+                )
+                written[name].added += self.changes()
+
+    def apply_pointer(self, table: Table, written: dict[str, _Counts]) -> None:
+        c = self.conn
+        name, pointer = table.name, table.pointer
+        key = table.natural_key[0]
+        with write_transaction(c):
+            # Only where the target still points where the plan saw it.
+            c.execute(
+                f'UPDATE main."{name}" SET "{pointer}" = p.s_head FROM temp.ptr p '
+                f'WHERE p.verdict = ? AND main."{name}"."{key}" = p.key '
+                f'AND main."{name}"."{pointer}" IS p.t_head',
+                (FAST_FORWARD,),
+            )
+            written[name].updated += self.changes()
+        forks = list(c.execute("SELECT key, s_head FROM temp.ptr WHERE verdict = ?", (FORK,)))
+        if not forks:
+            return
+        suffix = f" (diverged on {self.source.name})"
+        with write_transaction(c):
+            bookkeeping.ensure(c)
+            for original, s_head in forks:
+                fork_key = self.new_id()
+                # A copy of the source's row under a new key, pointing where the
+                # source pointed, named so a person can see where it came from
+                # (and, in the llm format, saying which thread it forked from).
+                values: dict[str, tuple[str, tuple[Any, ...]]] = {
+                    col: (f's."{col}"', ()) for col in self.columns[name]
+                }
+                values[key] = ("?", (fork_key,))
+                values[pointer] = ("?", (s_head,))
+                if "name" in values:
+                    values["name"] = ("coalesce(s.\"name\", 'conversation') || ?", (suffix,))
+                if "forked_from" in values:
+                    values["forked_from"] = ("?", (original,))
+                exprs = ", ".join(sql for sql, _ in values.values())
+                params = [p for _, ps in values.values() for p in ps]
+                c.execute(
+                    f'INSERT INTO main."{name}" ({_quoted(list(values))}) SELECT {exprs} '
+                    f'FROM src."{name}" s WHERE s."{key}" = ?',
+                    (*params, original),
+                )
+                c.execute(
+                    "INSERT INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
+                    (name, original, s_head, fork_key),
+                )
+                written[name].forked += 1
+
+    # -- report ----------------------------------------------------------------------
+
+    def report(self) -> SourceReport:
+        tables = tuple(
+            TableReport(name, c.added, c.mapped, c.existing, c.updated, c.forked)
+            for name, c in self.counts.items()
+            if self.present(self.fmt.table(name))
+        )
+        return SourceReport(str(self.source), self.fmt.name, tables)
