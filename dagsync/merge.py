@@ -478,7 +478,8 @@ class _SourceMerge:
             )
         counts = self.counts[name]
         counts.added = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE new')
-        counts.existing = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new')
+        counts.mapped = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new AND dst != src')
+        counts.existing = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new AND dst = src')
 
     def plan_keyed(self, table: Table) -> None:
         """Text and composite keys: rows whose key is new are added; the rest are compared."""
