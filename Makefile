@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine with Python 3.11 and make:
-#   make demo   build two sample "laptop" databases and show what dagsync sees
+#   make demo   build two sample "laptop" databases, merge them, show the result
 #   make test   run the whole test suite
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -27,6 +27,12 @@ demo: $(VENV)/.installed
 	@for db in $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db; do \
 		echo; echo "== dagsync stats $$db"; $(BIN)/dagsync stats $$db || exit 1; \
 	done
+	@echo; echo "== dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db"
+	@$(BIN)/dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db
+	@echo; echo "== merging again writes nothing"
+	@$(BIN)/dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db
+	@echo; echo "== dagsync stats $(DEMO)/merged.db"
+	@$(BIN)/dagsync stats $(DEMO)/merged.db
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest

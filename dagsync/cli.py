@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -21,8 +22,11 @@ import click
 import typer
 
 from dagsync import __version__
-from dagsync.errors import DagsyncError
+from dagsync.canonicalise import CanonicaliseReport, canonicalise
+from dagsync.errors import DagsyncError, MergeConflict
+from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
+from dagsync.sync import SyncReport, sync
 
 app = typer.Typer(
     help="Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI.",
@@ -37,9 +41,16 @@ DbArgument = Annotated[
         help="Database file. Default: llm's own, in $LLM_USER_PATH or llm's app "
         "directory (dag.db if present, else logs.db).",
         show_default=False,
+        metavar="[DB]",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron); errors still print.")
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Report what would be done; write nothing.")
+]
 
 
 def default_database() -> Path:
@@ -65,6 +76,11 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except MergeConflict as exc:
+            typer.echo(f"Error: {exc}", err=True)
+            for conflict in exc.conflicts[10:]:
+                typer.echo(f"  also: {conflict}", err=True)
+            raise typer.Exit(1) from None
         except DagsyncError as exc:
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(1) from None
@@ -110,6 +126,76 @@ def _render_stats(s: Stats) -> str:
     return "\n".join(lines)
 
 
+def _render_merge(report: MergeReport) -> str:
+    verb = "would merge" if report.dry_run else "merged"
+    lines = [f"{report.target}{' (new)' if report.created else ''}: {verb} {len(report.sources)} source(s) in {report.seconds:.1f}s"]
+    for source in report.sources:
+        lines.append(f"  from {source.source}:")
+        if not source.written:
+            lines.append("    nothing new: the target already holds all of it")
+            continue
+        shown = [t for t in source.tables if t.added or t.mapped or t.updated or t.forked]
+        for t in shown:
+            bits = [f"{t.added:,} added"]
+            if t.mapped:
+                bits.append(f"{t.mapped:,} mapped onto existing rows")
+            if t.updated:
+                bits.append(f"{t.updated:,} fast-forwarded")
+            if t.forked:
+                bits.append(f"{t.forked:,} forked (diverged)")
+            lines.append(f"    {t.table:<26} {', '.join(bits)}")
+    return "\n".join(lines)
+
+
+def _render_canonicalise(r: CanonicaliseReport) -> str:
+    verb = "would collapse" if r.dry_run else "collapsed"
+    lines = [
+        f"{r.path}: {verb} {r.collapsed:,} duplicate message(s) in {r.groups:,} group(s), "
+        f"{r.levels} level(s) deep",
+        f"  parts removed {r.parts_removed:,}; calls rewritten {r.calls_rewritten:,}; "
+        f"conversations rewritten {r.conversations_rewritten:,}",
+    ]
+    if r.index_created:
+        lines.append(f"  unique index on (parent_id, content_hash) {'would be ' if r.dry_run else ''}created")
+    return "\n".join(lines)
+
+
+class _Progress:
+    """A progress bar on stderr when it is a terminal; nothing otherwise (cron)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                transient=True,
+            )  # fmt: skip
+            self.task = self.bar.add_task("", total=None)
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=phase, completed=done, total=max(total, 1))
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _emit(report: Any, as_json: bool, quiet: bool, render: Callable[[Any], str]) -> None:
+    """JSON when asked, else the text report unless --quiet (for cron)."""
+    if as_json:
+        _print_json(report)
+    elif not quiet:
+        typer.echo(render(report))
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"dagsync {__version__}")
@@ -135,6 +221,72 @@ def stats_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     """
     report = stats(db or default_database())
     _print_json(report) if as_json else typer.echo(_render_stats(report))
+
+
+@app.command("merge")
+@_reported
+def merge_command(
+    target: Annotated[Path, typer.Argument(help="The database to merge into; created (0600) if missing.", show_default=False, metavar="TARGET")],
+    sources: Annotated[list[Path], typer.Argument(help="One or more databases to merge from; only read.", show_default=False, metavar="SOURCE...")],
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Merge every SOURCE into TARGET: every table llm reads, nothing lost, safe to re-run.
+
+    Messages already in TARGET under another id are mapped onto it; integer
+    ids are renumbered; a conversation whose head moved on one side is
+    fast-forwarded, and one that diverged keeps TARGET's head and gains a fork
+    named after the source. A key holding different content on the two sides
+    stops the merge before anything is written. Sources are checked and
+    opened read-only. A running llm may keep writing TARGET meanwhile.
+    """
+    with _Progress() as progress:
+        report = merge(target, sources, dry_run=dry_run, progress=progress)
+    _emit(report, as_json, quiet, _render_merge)
+
+
+@app.command("sync")
+@_reported
+def sync_command(
+    a: Annotated[Path, typer.Argument(help="A database; receives everything B has.", show_default=False, metavar="A")],
+    b: Annotated[Path, typer.Argument(help="A database; receives everything A has.", show_default=False, metavar="B")],
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Make A and B both hold the union of their histories (merge B into A, then A into B)."""
+    with _Progress() as progress:
+        report = sync(a, b, dry_run=dry_run, progress=progress)
+    _emit(report, as_json, quiet, lambda r: "\n".join(_render_merge(m) for m in (r.into_a, r.into_b)))
+
+
+def _canonicalise(db: Optional[Path], dry_run: bool, as_json: bool, quiet: bool) -> None:
+    report = canonicalise(db or default_database(), dry_run=dry_run)
+    _emit(report, as_json, quiet, _render_canonicalise)
+
+
+@app.command("canonicalise")
+@_reported
+def canonicalise_command(
+    db: DbArgument = None, dry_run: DryRunOption = False, as_json: JsonOption = False, quiet: QuietOption = False
+) -> None:
+    """Collapse dag-format messages that share (parent_id, content_hash) into the earliest one.
+
+    For files made without the unique index on that pair. Every reference
+    moves to the surviving row and the old ids are recorded, then the unique
+    index is created. Alias: canonicalize.
+    """
+    _canonicalise(db, dry_run, as_json, quiet)
+
+
+@app.command("canonicalize", hidden=True)
+@_reported
+def canonicalize_command(
+    db: DbArgument = None, dry_run: DryRunOption = False, as_json: JsonOption = False, quiet: QuietOption = False
+) -> None:
+    """Alias of canonicalise."""
+    _canonicalise(db, dry_run, as_json, quiet)
 
 
 def main() -> None:

@@ -1,0 +1,395 @@
+"""Benchmark `dagsync merge` against the raw-SQLite floor, measured in the same run.
+
+    .venv/bin/python benchmarks/merge.py              # >= 1M rows per database
+    .venv/bin/python benchmarks/merge.py --quick      # small smoke run
+    .venv/bin/python benchmarks/merge.py --scales 2000,20000,55000 --json
+
+Two dag-format databases are generated as a *family* (``fixtures.family``,
+two machines sharing a synced history, then diverging) and cached under
+``--data`` (default ``bench-data/`` in the project root, gitignored). Then,
+for each scale:
+
+1. **floor** - laptop-1.db copied to a fresh file; apsw ``ATTACH`` laptop-2.db
+   and, in one transaction, ``INSERT OR IGNORE INTO main.<t> SELECT * FROM
+   src.<t>`` for every table of ``DAG.merge_order``. Timed: ATTACH + inserts +
+   COMMIT (not the copy).
+2. **merge** - laptop-1.db copied to a fresh file; ``dagsync.merge.merge(copy,
+   [laptop-2.db])`` timed in a child process, whose peak RSS is read with
+   ``os.wait4``.
+3. **re-merge** - the same source merged again into the merged copy (must
+   write nothing), also in a child process.
+
+Each measurement runs in its own child process, so peak RSS is that of the
+operation alone (Python + apsw + the operation), never the generator's.
+Timings are ``time.perf_counter`` inside the child around the operation only.
+Goals (DESIGN.md, "Performance"): merge <= 1.5x floor, re-merge <= 0.3x floor,
+peak RSS <= 200 MB and flat as the databases grow. These are measurements,
+not tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# About 9.5 messages and ~36 rows (all tables) per conversation: 55,000 gives
+# ~520k messages and ~2M rows per database.
+DEFAULT_CONVERSATIONS = 55_000
+QUICK_CONVERSATIONS = 2_000
+SHARED_FRACTION = 0.5
+
+GOAL_MERGE = 1.5
+GOAL_REMERGE = 0.3
+GOAL_RSS_MB = 200
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def table_rows(path: Path) -> dict[str, int]:
+    """Rows per real table (no FTS virtual or shadow tables, no sqlite_* tables)."""
+    import apsw
+
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        names = [
+            name
+            for schema, name, kind, *_ in conn.execute("PRAGMA main.table_list")
+            if schema == "main" and kind == "table" and not name.startswith("sqlite_")
+        ]
+        return {
+            name: conn.execute(f'SELECT count(*) FROM "{name}"').fetchall()[0][0] for name in sorted(names)
+        }
+    finally:
+        conn.close()
+
+
+def warm(path: Path) -> None:
+    """Read a file once so every measurement starts with it in the page cache."""
+    with open(path, "rb") as f:
+        while f.read(16 << 20):
+            pass
+
+
+def fresh_copy(src: Path, dst: Path) -> None:
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        Path(f"{dst}{suffix}").unlink(missing_ok=True)
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o600)
+    # Write the copy out now, so its writeback does not land inside a timing.
+    os.sync()
+
+
+def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path, dict]:
+    """The two databases for a scale, generated once and then reused."""
+    out = data / f"merge-family-seed{seed}-n{conversations}"
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        log(f"reusing {out} (generated in {meta['generate_seconds']:.1f}s)")
+        return out / "laptop-1.db", out / "laptop-2.db", meta
+    from fixtures import family
+
+    building = data / f".building-{out.name}"
+    shutil.rmtree(building, ignore_errors=True)
+    log(f"generating {conversations} conversations (seed {seed}) into {out} ...")
+    started = time.perf_counter()
+    reports = family(
+        building, seed=seed, machines=2, conversations=conversations, shared_fraction=SHARED_FRACTION
+    )
+    seconds = time.perf_counter() - started
+    meta = {
+        "conversations": conversations,
+        "seed": seed,
+        "shared_fraction": SHARED_FRACTION,
+        "generate_seconds": round(seconds, 1),
+        "databases": {},
+    }
+    for r in reports:
+        rows = table_rows(Path(r.path))
+        meta["databases"][Path(r.path).name] = {
+            "conversations": r.conversations,
+            "messages": r.messages,
+            "calls": r.calls,
+            "rows": sum(rows.values()),
+            "tables": rows,
+            "bytes": Path(r.path).stat().st_size,
+        }
+    (building / "meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    building.rename(out)
+    log(f"generated in {seconds:.1f}s")
+    return out / "laptop-1.db", out / "laptop-2.db", meta
+
+
+# -- children: one measurement each ---------------------------------------------------
+
+
+def child_floor(target: str, source: str) -> dict:
+    import apsw
+
+    from dagsync.formats.dag import DAG
+
+    conn = apsw.Connection(target)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    started = time.perf_counter()
+    conn.execute("ATTACH DATABASE ? AS src", (source,))
+    present = {name for (name,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
+    inserted = {}
+    conn.execute("BEGIN")
+    for table in DAG.merge_order:
+        if table.name not in present:
+            continue
+        conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM src."{table.name}"')
+        inserted[table.name] = conn.changes()
+    conn.execute("COMMIT")
+    seconds = time.perf_counter() - started
+    conn.execute("DETACH DATABASE src")
+    conn.close()
+    return {"seconds": seconds, "inserted": inserted}
+
+
+def child_merge(target: str, source: str, statements: bool) -> dict:
+    import apsw
+
+    from dagsync.merge import merge
+
+    sql_time: dict[str, list] = {}
+    if statements:
+
+        def profile(sql: str, ns: int) -> None:
+            key = " ".join(sql.split())
+            entry = sql_time.setdefault(key, [0, 0])
+            entry[0] += ns
+            entry[1] += 1
+
+        apsw.connection_hooks.append(lambda conn: conn.set_profile(profile))
+
+    phases: list[list] = []
+    started = time.perf_counter()
+
+    def progress(phase: str, done: int, total: int) -> None:
+        # The time each phase starts; a phase lasts until the next one starts.
+        if not phases or phases[-1][0] != phase:
+            phases.append([phase, time.perf_counter() - started])
+
+    report = merge(target, [source], progress=progress)
+    seconds = time.perf_counter() - started
+    durations = []
+    for i, (phase, at) in enumerate(phases):
+        end = phases[i + 1][1] if i + 1 < len(phases) else seconds
+        durations.append([phase, round(end - at, 4)])
+    (src,) = report.sources
+    out = {
+        "seconds": seconds,
+        "written": src.written,
+        "tables": {
+            t.table: {
+                "added": t.added,
+                "mapped": t.mapped,
+                "existing": t.existing,
+                "updated": t.updated,
+                "forked": t.forked,
+            }
+            for t in src.tables
+        },
+        "phases": durations,
+    }
+    if statements:
+        top = sorted(sql_time.items(), key=lambda kv: -kv[1][0])
+        out["sql_seconds"] = round(sum(v[0] for v in sql_time.values()) / 1e9, 3)
+        out["statements"] = [
+            {"seconds": round(ns / 1e9, 3), "count": n, "sql": sql[:300]} for sql, (ns, n) in top[:25]
+        ]
+    return out
+
+
+def run_child(kind: str, target: Path, source: Path, statements: bool = False) -> dict:
+    """Run one measurement in a child process; add its peak RSS (MB) and wall time."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(target), str(source)]
+    if statements:
+        cmd.append("--statements")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    # wait4 reaps this child alone, so its rusage is this measurement's only.
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} child failed with exit status {proc.returncode}")
+    result = json.loads(output)
+    result["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux: KiB
+    result["wall_seconds"] = round(wall, 3)
+    return result
+
+
+# -- one scale ---------------------------------------------------------------------------
+
+
+def bench_scale(data: Path, conversations: int, seed: int, keep: bool, statements: bool) -> dict:
+    laptop1, laptop2, meta = ensure_family(data, conversations, seed)
+    work = data / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    floor_db = work / f"floor-n{conversations}.db"
+    merge_db = work / f"merge-n{conversations}.db"
+    for db in (laptop1, laptop2):
+        warm(db)
+
+    log("floor: copy, then ATTACH + INSERT OR IGNORE ... SELECT * per table in one transaction")
+    fresh_copy(laptop1, floor_db)
+    floor = run_child("floor", floor_db, laptop2)
+    log(f"  {floor['seconds']:.2f}s")
+
+    log("merge: copy, then dagsync.merge.merge(copy, [laptop-2.db])")
+    fresh_copy(laptop1, merge_db)
+    merged = run_child("merge", merge_db, laptop2, statements)
+    log(f"  {merged['seconds']:.2f}s, peak RSS {merged['peak_rss_mb']} MB")
+
+    log("re-merge: the same source into the merged copy again")
+    os.sync()
+    remerged = run_child("merge", merge_db, laptop2, statements)
+    log(f"  {remerged['seconds']:.2f}s, peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows")
+
+    result = {
+        "conversations": conversations,
+        "seed": seed,
+        "databases": {name: {k: v for k, v in d.items() if k != "tables"} for name, d in meta["databases"].items()},
+        "floor_seconds": round(floor["seconds"], 3),
+        "floor_peak_rss_mb": floor["peak_rss_mb"],
+        "floor_inserted": floor["inserted"],
+        "merge_seconds": round(merged["seconds"], 3),
+        "merge_ratio": round(merged["seconds"] / floor["seconds"], 2),
+        "merge_peak_rss_mb": merged["peak_rss_mb"],
+        "remerge_seconds": round(remerged["seconds"], 3),
+        "remerge_ratio": round(remerged["seconds"] / floor["seconds"], 2),
+        "remerge_peak_rss_mb": remerged["peak_rss_mb"],
+        "remerge_written": remerged["written"],
+        "merge": merged,
+        "remerge": remerged,
+        "rows_after": {"floor": sum(table_rows(floor_db).values()), "merge": sum(table_rows(merge_db).values())},
+    }
+    if not keep:
+        for db in (floor_db, merge_db):
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return result
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def mark(ok: bool) -> str:
+    return "ok" if ok else "OVER"
+
+
+def print_scale(r: dict) -> None:
+    print(f"\n== {r['conversations']} conversations per family (seed {r['seed']})")
+    for name, d in r["databases"].items():
+        print(
+            f"  {name}: {d['rows']:,} rows ({d['messages']:,} messages, {d['calls']:,} calls, "
+            f"{d['conversations']:,} conversations), {d['bytes'] / 2**20:,.0f} MiB"
+        )
+    print()
+    print(f"  {'':<10} {'seconds':>9} {'x floor':>8} {'goal':>7} {'peak RSS MB':>12}")
+    print(f"  {'floor':<10} {r['floor_seconds']:>9.2f} {1.0:>8.2f} {'':>7} {r['floor_peak_rss_mb']:>12.1f}")
+    print(
+        f"  {'merge':<10} {r['merge_seconds']:>9.2f} {r['merge_ratio']:>8.2f} {'<=' + str(GOAL_MERGE):>7} "
+        f"{r['merge_peak_rss_mb']:>12.1f}   time {mark(r['merge_ratio'] <= GOAL_MERGE)}, "
+        f"memory {mark(r['merge_peak_rss_mb'] <= GOAL_RSS_MB)}"
+    )
+    print(
+        f"  {'re-merge':<10} {r['remerge_seconds']:>9.2f} {r['remerge_ratio']:>8.2f} {'<=' + str(GOAL_REMERGE):>7} "
+        f"{r['remerge_peak_rss_mb']:>12.1f}   time {mark(r['remerge_ratio'] <= GOAL_REMERGE)}, "
+        f"memory {mark(r['remerge_peak_rss_mb'] <= GOAL_RSS_MB)}; wrote {r['remerge_written']} rows"
+    )
+    print(f"  rows after: floor {r['rows_after']['floor']:,}, merge {r['rows_after']['merge']:,}")
+    print("\n  merge report (added / mapped / existing / updated / forked):")
+    for name, t in r["merge"]["tables"].items():
+        if any(t.values()):
+            print(
+                f"    {name:<26} +{t['added']:<9,} mapped {t['mapped']:<8,} existing {t['existing']:<9,} "
+                f"updated {t['updated']:<6,} forked {t['forked']:,}"
+            )
+    for label, run in (("merge", r["merge"]), ("re-merge", r["remerge"])):
+        print(f"\n  {label} phases (seconds):")
+        for phase, seconds in sorted(run["phases"], key=lambda p: -p[1])[:12]:
+            print(f"    {seconds:>8.2f}  {phase}")
+        if "statements" in run:
+            print(f"  {label}: SQL {run['sql_seconds']:.2f}s of {run['seconds']:.2f}s; slowest statements:")
+            for s in run["statements"][:10]:
+                print(f"    {s['seconds']:>8.2f}s x{s['count']:<5} {s['sql'][:160]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT / "bench-data", help="cache of generated databases")
+    parser.add_argument(
+        "--conversations", type=int, default=DEFAULT_CONVERSATIONS,
+        help=f"conversations per family (default {DEFAULT_CONVERSATIONS}: >= 1M rows per database)",
+    )  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK_CONVERSATIONS} conversations")
+    parser.add_argument("--scales", help="comma-separated conversation counts, e.g. 2000,20000,55000")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    parser.add_argument("--keep", action="store_true", help="keep the merged copies in DATA/work")
+    parser.add_argument(
+        "--statements", action="store_true",
+        help="time every SQL statement of the merge (apsw set_profile) and show the slowest",
+    )  # fmt: skip
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:  # internal: one measurement, `--child floor|merge TARGET SOURCE`
+        kind, target, source = args.child
+        if kind == "floor":
+            out = child_floor(target, source)
+        else:
+            out = child_merge(target, source, args.statements)
+        json.dump(out, sys.stdout)
+        return 0
+
+    if args.scales:
+        scales = [int(s) for s in args.scales.split(",") if s.strip()]
+    elif args.quick:
+        scales = [QUICK_CONVERSATIONS]
+    else:
+        scales = [args.conversations]
+    args.data.mkdir(parents=True, exist_ok=True)
+    results = [bench_scale(args.data, n, args.seed, args.keep, args.statements) for n in scales]
+    if args.json:
+        json.dump({"python": sys.version.split()[0], "results": results}, sys.stdout, indent=2)
+        print()
+        return 0
+    for r in results:
+        print_scale(r)
+    if len(results) > 1:
+        print("\n== peak RSS by scale (MB): should stay flat")
+        for r in results:
+            rows = max(d["rows"] for d in r["databases"].values())
+            print(
+                f"  {r['conversations']:>8,} conversations, {rows:>10,} rows/db: "
+                f"merge {r['merge_peak_rss_mb']:>7.1f}  re-merge {r['remerge_peak_rss_mb']:>7.1f}  "
+                f"floor {r['floor_peak_rss_mb']:>7.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
