@@ -14,8 +14,8 @@ for each scale:
    src.<t>`` for every table of ``DAG.merge_order``. Timed: ATTACH + inserts +
    COMMIT (not the copy).
 2. **merge** - laptop-1.db copied to a fresh file; ``dagsync.merge.merge(copy,
-   [laptop-2.db])`` timed in a child process, whose peak RSS is read with
-   ``os.wait4``.
+   [laptop-2.db])`` timed in a child process, which reports its peak RSS
+   (``VmHWM``).
 3. **re-merge** - the same source merged again into the merged copy (must
    write nothing), also in a child process.
 
@@ -160,7 +160,7 @@ def child_floor(target: str, source: str) -> dict:
     seconds = time.perf_counter() - started
     conn.execute("DETACH DATABASE src")
     conn.close()
-    return {"seconds": seconds, "inserted": inserted}
+    return {"seconds": seconds, "inserted": inserted, "peak_rss_mb": peak_rss_mb()}
 
 
 def child_merge(target: str, source: str, statements: bool) -> dict:
@@ -196,6 +196,7 @@ def child_merge(target: str, source: str, statements: bool) -> dict:
     (src,) = report.sources
     out = {
         "seconds": seconds,
+        "peak_rss_mb": peak_rss_mb(),
         "written": src.written,
         "tables": {
             t.table: {
@@ -218,25 +219,35 @@ def child_merge(target: str, source: str, statements: bool) -> dict:
     return out
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), in MB.
+
+    Not ``ru_maxrss`` from ``wait4``/``RUSAGE_CHILDREN``: Linux carries the
+    parent's high-water mark into a forked (or vforked) child across exec, so
+    a child of a parent that generated the fixtures would report the parent's
+    peak. VmHWM belongs to the exec'd process's own address space.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)  # kB
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def run_child(kind: str, target: Path, source: Path, statements: bool = False) -> dict:
-    """Run one measurement in a child process; add its peak RSS (MB) and wall time."""
+    """Run one measurement in a child process, so its peak memory is its own."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(target), str(source)]
     if statements:
         cmd.append("--statements")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
-    assert proc.stdout is not None
-    output = proc.stdout.read()
-    # wait4 reaps this child alone, so its rusage is this measurement's only.
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{kind} child failed with exit status {proc.returncode}")
-    result = json.loads(output)
-    result["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux: KiB
-    result["wall_seconds"] = round(wall, 3)
+    result = json.loads(proc.stdout)
+    result["wall_seconds"] = round(wall, 3)  # with interpreter start-up and imports
     return result
 
 

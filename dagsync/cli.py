@@ -258,7 +258,7 @@ def sync_command(
     """Make A and B both hold the union of their histories (merge B into A, then A into B)."""
     with _Progress() as progress:
         report = sync(a, b, dry_run=dry_run, progress=progress)
-    _emit(report, as_json, quiet, lambda r: "\n".join(_render_merge(m) for m in (r.into_a, r.into_b)))
+    _emit(report, as_json, quiet, lambda r: "\n".join(_render_merge(m) for m in (r.into_a, r.into_b, r.settle) if m))
 
 
 def _canonicalise(db: Optional[Path], dry_run: bool, as_json: bool, quiet: bool) -> None:

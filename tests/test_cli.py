@@ -111,3 +111,73 @@ class TestEntryPoints:
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(done.stdout)["format"] == "dag"
+
+
+class TestMerge:
+    @pytest.fixture
+    def pair(self, tmp_path):
+        from fixtures import family
+
+        return [r.path for r in family(tmp_path / "fam", seed=41, machines=2, conversations=30)]
+
+    def test_text_report_then_nothing_new(self, tmp_path, pair):
+        target = tmp_path / "m.db"
+        result = run("merge", str(target), *map(str, pair))
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith(f"{target} (new): merged 2 source(s) in ")
+        assert f"  from {pair[0]}:" in lines
+        assert any(line.split()[:3] == ["messages", lines_added(line), "added"] for line in lines)
+        again = run("merge", str(target), *map(str, pair))
+        assert again.stdout.splitlines()[1:] == [
+            f"  from {pair[0]}:", "    nothing new: the target already holds all of it",
+            f"  from {pair[1]}:", "    nothing new: the target already holds all of it",
+        ]  # fmt: skip
+
+    def test_json_and_dry_run(self, tmp_path, pair):
+        target = tmp_path / "m.db"
+        result = run("merge", str(target), str(pair[0]), "--dry-run", "--json")
+        report = json.loads(result.stdout)
+        assert (report["dry_run"], report["created"]) == (True, True)
+        assert report["sources"][0]["tables"][0]["table"] == "messages"
+        assert not target.exists()
+
+    def test_quiet_prints_nothing(self, tmp_path, pair):
+        result = run("merge", str(tmp_path / "m.db"), str(pair[0]), "--quiet")
+        assert (result.exit_code, result.stdout) == (0, "")
+
+    def test_a_missing_source(self, tmp_path, pair):
+        result = run("merge", str(tmp_path / "m.db"), str(tmp_path / "nope.db"))
+        assert result.exit_code == 1
+        assert result.stderr == f"Error: {tmp_path / 'nope.db'}: no such file\n"
+        assert not (tmp_path / "m.db").exists()
+
+    def test_no_source_is_a_usage_error(self, tmp_path):
+        assert run("merge", str(tmp_path / "m.db")).exit_code == 2
+
+    def test_sync_and_canonicalise(self, tmp_path, pair):
+        result = run("sync", *map(str, pair), "--json")
+        assert result.exit_code == 0
+        assert set(json.loads(result.stdout)) == {"into_a", "into_b", "settle"}
+        result = run("canonicalise", str(pair[0]))
+        assert result.stdout.startswith(f"{pair[0]}: collapsed 0 duplicate message(s) in 0 group(s), 0 level(s) deep")
+        assert run("canonicalize", str(pair[0]), "--json").exit_code == 0
+
+    def test_canonicalise_refuses_the_llm_format(self, tmp_path):
+        import apsw
+        from dagsync.formats.llm import LLM
+
+        path = tmp_path / "logs.db"
+        conn = apsw.Connection(str(path))
+        conn.execute(LLM.schema_sql)
+        conn.close()
+        result = run("canonicalise", str(path))
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {path} is in the llm format; canonicalise works on the dag format only "
+            "(llm-format messages are keyed by content already)\n"
+        )
+
+
+def lines_added(line: str) -> str:
+    return line.split()[1]
