@@ -56,6 +56,7 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 # Aim for write transactions this long; chunk sizes adapt to it. Far below
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
 TARGET_SECONDS = 0.15
+FIRST_CHUNK = 2000
 MAX_CONFLICTS_SHOWN = 10
 # A live writer that inserts a colliding row between plan and apply makes an
 # insert fail; the merge then re-plans from the files, this many times.
@@ -125,7 +126,8 @@ def merge(
             raise DagsyncError(f"{path} is the target itself; give another file as the source")
         with open_source(path) as src:
             formats.append(src.format)
-    created = not target.exists()
+    # An empty file is a target whose creation was interrupted: create it again.
+    created = not target.exists() or target.stat().st_size == 0
     scratch = None
     if created and dry_run:
         # Plan against an empty database of the right format, then throw it away.
@@ -208,8 +210,8 @@ class _Counts:
 class _Pacer:
     """Chunk sizes that keep each statement or transaction near TARGET_SECONDS."""
 
-    def __init__(self, size: int = 2000) -> None:
-        self.size = size
+    def __init__(self) -> None:
+        self.size = FIRST_CHUNK
 
     def timed(self, seconds: float) -> None:
         if seconds < TARGET_SECONDS / 2:
@@ -229,7 +231,6 @@ class _SourceMerge:
         self.progress = progress or (lambda phase, done, total: None)
         self.conflicts: list[str] = []
         self.counts: dict[str, _Counts] = {t.name: _Counts() for t in self.fmt.merge_order}
-        self.pacer = _Pacer()
         self.new_id = UlidFactory()
         self.attached = False
         self.dag = next((t for t in self.fmt.tables if t.key is Key.DAG_MESSAGE), None)
@@ -263,23 +264,33 @@ class _SourceMerge:
     def changes(self) -> int:
         return self.conn.changes()
 
-    def chunks(self, schema_table: str, column: str = "rowid") -> Iterator[tuple[int, int]]:
+    def chunks(self, schema_table: str, column: str = "rowid", phase: str | None = None) -> Iterator[tuple[int, int]]:
         """Consecutive inclusive ``column`` ranges of about ``pacer.size`` rows each.
 
         Statements run one range at a time, so none holds a lock on a file
-        for long, however big the table.
+        for long, however big the table. With ``phase``, progress is reported
+        after each range.
         """
+        # Each loop learns its own pace from a small start: rows of one table
+        # cost very differently from another's (an FTS-indexed response versus
+        # a link row), and reads from writes.
+        pacer = _Pacer()
         low = self.one(f"SELECT min({column}) FROM {schema_table}")
+        total = self.one(f"SELECT count(*) FROM {schema_table}") if phase else 0
+        done = 0
         while low is not None:
             high = self.one(
                 f"SELECT {column} FROM {schema_table} WHERE {column} >= ? ORDER BY {column} LIMIT 1 OFFSET ?",
-                (low, self.pacer.size - 1),
+                (low, pacer.size - 1),
             )
             if high is None:
                 high = self.one(f"SELECT max({column}) FROM {schema_table}")
             started = time.perf_counter()
             yield low, high
-            self.pacer.timed(time.perf_counter() - started)
+            pacer.timed(time.perf_counter() - started)
+            if phase:
+                done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
+                self.progress(phase, done, total)
             low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE {column} > ?", (high,))
 
     def present(self, table: Table) -> bool:
@@ -613,7 +624,7 @@ class _SourceMerge:
         cols = self.columns[table.name]
         select = ", ".join('n.parent' if col == "parent_id" else f's."{col}"' for col in cols)
         owned = [t for t in self.fmt.merge_order if t.owner and t.owner[1] == table.name and self.present(t)]
-        for low, high in self.chunks("temp.msg_new", "seq"):
+        for low, high in self.chunks("temp.msg_new", "seq", "copying messages"):
             with write_transaction(c):
                 # Parents first (msg_new is ordered by depth): every commit
                 # leaves each inserted message's parent in place.
@@ -633,7 +644,6 @@ class _SourceMerge:
                         (low, high),
                     )
                     written[part.name].added += self.changes()
-            self.progress("copying messages", high, self.counts[table.name].added)
         # Record where each mapped message went, for holders of its old id.
         source_map = bookkeeping.has(c, "_dagsync_message_map", "src")
         mapped = self.one("SELECT count(*) FROM temp.msg_map WHERE kind = ?", (MAPPED,))
@@ -661,7 +671,7 @@ class _SourceMerge:
         name = table.name
         cols = self.columns[name]
         select = ", ".join("m.dst" if col == "id" else self.expr(table, col) for col in cols)
-        for low, high in self.chunks(f'temp."map_{name}"', "src"):
+        for low, high in self.chunks(f'temp."map_{name}"', "src", f"copying {name}"):
             with write_transaction(c):
                 # Ids are taken under the write lock, after the target's highest.
                 base = self.one(f'SELECT coalesce(max(id), 0) FROM main."{name}"')
@@ -684,7 +694,7 @@ class _SourceMerge:
         name = table.name
         select = ", ".join(self.expr(table, col) for col in self.columns[name])
         match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in table.natural_key)
-        for low, high in self.chunks(f'src."{name}"'):
+        for low, high in self.chunks(f'src."{name}"', phase=f"copying {name}"):
             with write_transaction(c):
                 c.execute(
                     f'INSERT INTO main."{name}" ({self.column_list(table)}) SELECT {select} '
