@@ -41,7 +41,7 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.db import Database, open_source, open_target, write_transaction
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
-from dagsync.formats import Format, Key, Table
+from dagsync.formats import Format, JsonRef, Key, Table
 from dagsync.store import UlidFactory
 
 __all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
@@ -50,6 +50,11 @@ Progress = Callable[[str, int, int], None]
 
 # Message kinds in temp.msg_map.
 SAME, MAPPED, NEW = 0, 1, 2
+# The tables that hold the message DAG, however keyed.
+MESSAGE_KEYS = (Key.DAG_MESSAGE, Key.HASH_MESSAGE)
+# In temp tables a chain's start has parent 'root': the dag format's sentinel,
+# and the llm format's NULL parent (its hashes all start "b2:").
+TOP = "root"
 # Pointer verdicts in temp.ptr.
 FAST_FORWARD, KEEP, FORK = 1, 2, 3
 
@@ -233,7 +238,6 @@ class _SourceMerge:
         self.counts: dict[str, _Counts] = {t.name: _Counts() for t in self.fmt.merge_order}
         self.new_id = UlidFactory()
         self.attached = False
-        self.dag = next((t for t in self.fmt.tables if t.key is Key.DAG_MESSAGE), None)
         self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
 
     # -- plumbing ------------------------------------------------------------
@@ -303,11 +307,31 @@ class _SourceMerge:
         ref = self.fmt.references[table.name].get(column)
         if ref is not None and ref != table.name:
             ref_table = self.fmt.table(ref)
-            if ref_table.key is Key.DAG_MESSAGE:
+            if ref_table.key in MESSAGE_KEYS:
                 return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
             if ref_table.key is Key.INTEGER:
                 return f'(SELECT dst FROM temp."map_{ref}" WHERE src = {alias}."{column}")'
+        for json_ref in table.json_refs:
+            if json_ref.column == column:
+                # Only JSON that can hold ids goes through Python.
+                return (
+                    f"CASE WHEN {alias}.\"{column}\" LIKE '%\"{json_ref.list_key}\"%' "
+                    f'THEN {self.json_function(json_ref)}({alias}."{column}") ELSE {alias}."{column}" END'
+                )
         return f'{alias}."{column}"'
+
+    def json_function(self, json_ref: JsonRef) -> str:
+        """A SQL function rewriting ``json_ref``'s ids through the referenced table's map."""
+        name = f"dagsync_remap_{json_ref.table}"
+
+        def new_id(old: int) -> int:
+            dst = self.one(f'SELECT dst FROM temp."map_{json_ref.table}" WHERE src = ?', (old,))
+            if dst is None or dst < 0:
+                raise DamagedSource(f"{self.source}: a {json_ref.column} refers to {json_ref.table} {old}, which is not mapped")
+            return dst
+
+        self.conn.create_scalar_function(name, lambda text: json_ref.rewrite(text, new_id), 1)
+        return name
 
     def column_list(self, table: Table) -> str:
         return _quoted(self.columns[table.name])
@@ -325,10 +349,12 @@ class _SourceMerge:
     # -- plan ----------------------------------------------------------------------
 
     def plan(self) -> None:
+        if self.fmt.migration_gate:
+            self.check_migrations()
         order = [t for t in self.fmt.merge_order if self.present(t)]
         for step, table in enumerate(order):
             self.progress(f"planning {table.name}", step, len(order))
-            if table.key is Key.DAG_MESSAGE:
+            if table.key in MESSAGE_KEYS:
                 self.plan_messages(table)
             elif table.owner is not None:
                 self.plan_owned(table)
@@ -341,16 +367,41 @@ class _SourceMerge:
                 self.plan_pointer(table)
         self.progress("planned", len(order), len(order))
 
+    def check_migrations(self) -> None:
+        """A source migrated further than the target may hold what the target's schema cannot."""
+        ahead = [
+            name for (name,) in self.conn.execute(
+                "SELECT name FROM src._llm_migrations WHERE name NOT IN (SELECT name FROM main._llm_migrations) "
+                "ORDER BY name"
+            )
+        ]  # fmt: skip
+        if ahead:
+            target = self.db.path
+            raise UnsupportedDatabase(
+                f"{self.source} was written by a newer llm than {target}: it has migration(s) "
+                f"{', '.join(ahead)} that {target} lacks; open {target} once with that newer llm "
+                f"(for example `llm logs -n 1 -d {target}`), which migrates it, then merge again"
+            )
+
     def plan_messages(self, table: Table) -> None:
         """Map every source message onto the target, parents before children."""
         c = self.conn
+        key, parent = self.fmt.message_key, self.fmt.parent_column
+        if table.key is Key.DAG_MESSAGE:
+            # Identity is (parent, content_hash): look for it under the mapped parent.
+            identity = "content_hash"
+            match = "SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p AND t.content_hash = lvl.hash"
+        else:
+            # The key is a hash over parent and content: the key is the identity.
+            identity = key
+            match = f"SELECT t.{key} FROM main.messages t WHERE t.{key} = lvl.src"
         c.execute(
             "CREATE TEMP TABLE src_msg (rid INTEGER PRIMARY KEY, id TEXT NOT NULL, parent_id TEXT, hash TEXT)"
         )
         for low, high in self.chunks("src.messages"):
             c.execute(
-                "INSERT INTO temp.src_msg SELECT rowid, id, parent_id, content_hash FROM src.messages "
-                "WHERE rowid BETWEEN ? AND ? AND id != 'root'",
+                f"INSERT INTO temp.src_msg SELECT rowid, {key}, coalesce({parent}, '{TOP}'), {identity} "
+                f"FROM src.messages WHERE rowid BETWEEN ? AND ? AND {key} != '{TOP}'",
                 (low, high),
             )
         c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
@@ -359,7 +410,7 @@ class _SourceMerge:
             "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
         )
         c.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
-        c.execute("INSERT INTO temp.msg_map VALUES ('root', 'root', 'root', 0, 0)")
+        c.execute(f"INSERT INTO temp.msg_map VALUES ('{TOP}', '{TOP}', '{TOP}', 0, 0)")
         c.execute(
             "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, match TEXT, "
             "id_exists INTEGER, id_parent TEXT, id_hash TEXT)"
@@ -380,11 +431,9 @@ class _SourceMerge:
             for low, high in self.chunks("temp.lvl"):
                 # Look the level up in the target: by identity, and by id.
                 c.execute(
-                    "UPDATE temp.lvl SET "
-                    "match = (SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
-                    "AND t.content_hash = lvl.hash), "
-                    "(id_exists, id_parent, id_hash) = (SELECT 1, t.parent_id, t.content_hash "
-                    "FROM main.messages t WHERE t.id = lvl.src) "
+                    f"UPDATE temp.lvl SET match = ({match}), "
+                    f"(id_exists, id_parent, id_hash) = (SELECT 1, coalesce(t.{parent}, '{TOP}'), t.{identity} "
+                    f"FROM main.messages t WHERE t.{key} = lvl.src) "
                     "WHERE rowid BETWEEN ? AND ?",
                     (low, high),
                 )
@@ -394,8 +443,8 @@ class _SourceMerge:
                 (MAX_CONFLICTS_SHOWN * 10,),
             ):
                 self.conflicts.append(
-                    f"message {src} is (parent {id_parent}, hash {id_hash[:12]}) in the target "
-                    f"but (parent {p}, hash {h[:12]}) in the source"
+                    f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
+                    f"but (parent {p}, hash {(h or '')[:12]}) in the source"
                 )
             # The message's own id when the target has it unchanged; else the
             # target's row with its identity; else a new row - the smallest
@@ -424,7 +473,7 @@ class _SourceMerge:
                 "ORDER BY id LIMIT 1"
             )))  # fmt: skip
             dangling = self.one(
-                "SELECT count(*) FROM temp.src_msg s WHERE s.parent_id != 'root' AND NOT EXISTS "
+                f"SELECT count(*) FROM temp.src_msg s WHERE s.parent_id != '{TOP}' AND NOT EXISTS "
                 "(SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id)"
             )
             why = "a parent that does not exist" if dangling else "a cycle in the parent links"
@@ -440,7 +489,7 @@ class _SourceMerge:
             (NEW,),
         )
         counts = self.counts[table.name]
-        for kind, n in c.execute("SELECT kind, count(*) FROM temp.msg_map WHERE src != 'root' GROUP BY kind"):
+        for kind, n in c.execute(f"SELECT kind, count(*) FROM temp.msg_map WHERE src != '{TOP}' GROUP BY kind"):
             if kind == NEW:
                 counts.added = n
             elif kind == MAPPED:
@@ -526,12 +575,13 @@ class _SourceMerge:
     def check_dangling(self, table: Table) -> None:
         """A source reference that resolves nowhere would dangle in the target: refuse it."""
         for column, ref in self.fmt.references[table.name].items():
-            if ref == table.name:
-                continue  # parent links: checked by plan_messages
             ref_table = self.fmt.table(ref)
+            if ref == table.name and ref_table.key in MESSAGE_KEYS:
+                continue  # parent links: plan_messages checked them
             value = self.expr(table, column)
-            if ref_table.key in (Key.DAG_MESSAGE, Key.INTEGER):
-                resolves = f"{value} IS NOT NULL"
+            if ref_table.key in MESSAGE_KEYS or ref_table.key is Key.INTEGER:
+                # Mapped from the source's own rows: the source must have the row.
+                resolves, nowhere = f"{value} IS NOT NULL", f"which {self.source.name} does not have"
             else:
                 ref_key = ref_table.natural_key[0]
                 in_source = (
@@ -539,14 +589,27 @@ class _SourceMerge:
                     if self.present(ref_table)
                     else "0"
                 )
-                resolves = f'({in_source} OR EXISTS (SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{column}"))'
+                in_target = f'EXISTS (SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{column}")'
+                resolves, nowhere = f"({in_source} OR {in_target})", "which neither file has"
             where = f's."{column}" IS NOT NULL AND NOT {resolves}'
             if table.owner is not None:
                 where += f' AND s."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
             for (bad,) in self.conn.execute(f'SELECT s."{column}" FROM src."{table.name}" s WHERE {where} LIMIT 1'):
                 raise DamagedSource(
-                    f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, which "
-                    "neither file has; nothing was merged - run `dagsync verify` on the source"
+                    f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, {nowhere}; "
+                    "nothing was merged - run `dagsync verify` on the source"
+                )
+        for json_ref in table.json_refs:
+            for (bad,) in self.conn.execute(
+                f'SELECT j.value ->> \'$.{json_ref.id_key}\' FROM src."{table.name}" s, '
+                f"json_each(s.\"{json_ref.column}\", '$.{json_ref.list_key}') j "
+                f"WHERE s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
+                f"AND j.value ->> '$.{json_ref.id_key}' IS NOT NULL AND NOT EXISTS "
+                f"(SELECT 1 FROM temp.\"map_{json_ref.table}\" m WHERE m.src = j.value ->> '$.{json_ref.id_key}') LIMIT 1"
+            ):
+                raise DamagedSource(
+                    f"{self.source}: a {table.name}.{json_ref.column} refers to {json_ref.table} {bad!r}, "
+                    f"which {self.source.name} does not have; nothing was merged - run `dagsync verify` on the source"
                 )
 
     def plan_pointer(self, table: Table) -> None:
@@ -568,7 +631,7 @@ class _SourceMerge:
         c.execute("UPDATE temp.ptr SET verdict = ? WHERE t_head IS NULL", (FAST_FORWARD,))
         mkey, parent, root = self.fmt.message_key, self.fmt.parent_column, self.fmt.root_id
         not_root = f"m.{mkey} != '{root}'" if root else "1"
-        src_dst = "(SELECT dst FROM temp.msg_map WHERE src = up.cur)" if self.dag else "up.cur"
+        src_dst = "(SELECT dst FROM temp.msg_map WHERE src = up.cur)"
         # The target's head is on the source head's chain: fast-forward.
         c.execute(
             f"WITH RECURSIVE up(k, cur) AS (SELECT key, s_raw FROM temp.ptr WHERE verdict IS NULL "
@@ -604,7 +667,7 @@ class _SourceMerge:
         written = {name: _Counts() for name in self.counts}
         for step, table in enumerate(order):
             self.progress(f"copying {table.name}", step, len(order))
-            if table.key is Key.DAG_MESSAGE:
+            if table.key in MESSAGE_KEYS:
                 self.apply_messages(table, written)
             elif table.key is Key.INTEGER:
                 self.apply_integer(table, written)
@@ -622,7 +685,9 @@ class _SourceMerge:
     def apply_messages(self, table: Table, written: dict[str, _Counts]) -> None:
         c = self.conn
         cols = self.columns[table.name]
-        select = ", ".join('n.parent' if col == "parent_id" else f's."{col}"' for col in cols)
+        key, parent = self.fmt.message_key, self.fmt.parent_column
+        top = "n.parent" if self.fmt.root_id == TOP else f"NULLIF(n.parent, '{TOP}')"
+        select = ", ".join(top if col == parent else f's."{col}"' for col in cols)
         owned = [t for t in self.fmt.merge_order if t.owner and t.owner[1] == table.name and self.present(t)]
         for low, high in self.chunks("temp.msg_new", "seq", "copying messages"):
             with write_transaction(c):
@@ -630,7 +695,7 @@ class _SourceMerge:
                 # leaves each inserted message's parent in place.
                 c.execute(
                     f"INSERT INTO main.messages ({self.column_list(table)}) SELECT {select} "
-                    "FROM temp.msg_new n JOIN src.messages s ON s.id = n.src "
+                    f"FROM temp.msg_new n JOIN src.messages s ON s.{key} = n.src "
                     "WHERE n.seq BETWEEN ? AND ? ORDER BY n.seq",
                     (low, high),
                 )

@@ -197,7 +197,7 @@ class TestSourcesAreReadOnlyAndUntrusted:
             conn.execute("UPDATE calls SET head_input_message_id = 'gone' WHERE rowid = (SELECT max(rowid) FROM calls)")
         message = self.refused(target, hostile, DamagedSource)
         assert message == (
-            f"{hostile}: calls.head_input_message_id refers to messages 'gone', which neither file has; "
+            f"{hostile}: calls.head_input_message_id refers to messages 'gone', which hostile.db does not have; "
             "nothing was merged - run `dagsync verify` on the source"
         )
 

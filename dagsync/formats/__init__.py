@@ -13,13 +13,15 @@ description and the schema cannot drift apart.
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 
 import apsw
 
-__all__ = ["Format", "Key", "Table", "FORMATS", "format_for_message_columns", "normalise_sql"]
+__all__ = ["Format", "JsonRef", "Key", "Table", "FORMATS", "format_for_message_columns", "normalise_sql"]
 
 
 class Key(enum.Enum):
@@ -29,7 +31,38 @@ class Key(enum.Enum):
     INTEGER = "integer"  # surrogate integer id: never copied, matched by natural key or renumbered
     COMPOSITE = "composite"  # link rows keyed by the keys of the rows they join
     DAG_MESSAGE = "dag-message"  # ULID id, identity (parent_id, content_hash)
+    HASH_MESSAGE = "hash-message"  # Merkle hash key: the key is the identity
     DERIVED = "derived"  # FTS index kept by triggers: rebuilt, never copied
+
+
+@dataclass(frozen=True)
+class JsonRef:
+    """Integer ids of ``table`` inside JSON text: ``{list_key: [{id_key: N}, ...]}``."""
+
+    column: str
+    table: str
+    list_key: str
+    id_key: str
+
+    def ids(self, text: str) -> list[int]:
+        data = json.loads(text)
+        pieces = data.get(self.list_key) if isinstance(data, dict) else None
+        return [p[self.id_key] for p in pieces or () if isinstance(p, dict) and self.id_key in p]
+
+    def rewrite(self, text: str, new_id: Callable[[int], int]) -> str:
+        """The same JSON with each id replaced by ``new_id(id)``; nothing else changes.
+
+        Text written by ``json.dumps`` (as llm writes it) dumps back to the same
+        bytes, so only the ids differ.
+        """
+        data = json.loads(text)
+        pieces = data.get(self.list_key) if isinstance(data, dict) else None
+        if not pieces:
+            return text
+        for piece in pieces:
+            if isinstance(piece, dict) and self.id_key in piece:
+                piece[self.id_key] = new_id(piece[self.id_key])
+        return json.dumps(data)
 
 
 @dataclass(frozen=True)
@@ -49,6 +82,8 @@ class Table:
     # Columns compared when a key is on both sides; None means every column
     # but the key and the pointer. () means rows with the same key never conflict.
     compare: tuple[str, ...] | None = None
+    # Integer ids of another table held inside a JSON column.
+    json_refs: tuple[JsonRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,9 @@ class Format:
     part_table: str
     # Migration names a new file of this format records in _llm_migrations.
     migrations: tuple[str, ...] = field(default=())
+    # Refuse a source that has had a migration the target has not (its
+    # schema may hold what the target's cannot).
+    migration_gate: bool = False
 
     @cached_property
     def schema_sql(self) -> str:

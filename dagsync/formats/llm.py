@@ -6,16 +6,40 @@ same row in every file. ``threads`` point at a tip, ``turns`` record one
 model call each. See shared/spec/llm-0.36-schema.sql.
 """
 
-from dagsync.formats import Format, Key, Table
+from dagsync.formats import Format, JsonRef, Key, Table
 from dagsync.formats.legacy import LEGACY_TABLES
+
+# Every migration llm 0.36 has; a file dagsync creates in this format records
+# them, so llm 0.36 opens it without migrating.
+MIGRATIONS = (
+    "m001_initial", "m002_id_primary_key", "m003_chat_id_foreign_key",
+    "m004_column_order", "m004_drop_provider", "m005_debug", "m006_new_logs_table",
+    "m007_finish_logs_table", "m008_reply_to_id_foreign_key",
+    "m008_fix_column_order_in_logs", "m009_delete_logs_table_if_empty",
+    "m010_create_new_log_tables", "m011_fts_for_responses", "m012_attachments_tables",
+    "m013_usage", "m014_schemas", "m015_fragments_tables", "m016_fragments_table_pks",
+    "m017_tools_tables", "m017_tools_plugin", "m018_tool_instances",
+    "m019_resolved_model", "m020_tool_results_attachments",
+    "m021_tool_results_exception", "m022_response_reasoning", "m023_message_store",
+    "m024_tool_instance_references", "m025_turn_tools_instance_backfill",
+    "m026_message_tree_view", "m027_turns_response_json",
+)  # fmt: skip
+
 
 LLM = Format(
     name="llm",
     marker_columns=frozenset({"hash", "parent_hash"}),
     schema_resource="llm_schema.sql",
     tables=(
-        Table("messages", Key.TEXT, ("hash",), required=True),
-        Table("parts", Key.INTEGER, ("message_hash", "position"), required=True),
+        Table("messages", Key.HASH_MESSAGE, ("hash",), required=True),
+        # Parts of a message already in the target match by (message, position),
+        # so only the parts of new messages are copied.
+        Table(
+            "parts", Key.INTEGER, ("message_hash", "position"), required=True,
+            # Text that borrows fragments is stored as
+            # {"text_ref": [{"literal": ...}, {"fragment": 12}, ...]}.
+            json_refs=(JsonRef("payload", "fragments", "text_ref", "fragment"),),
+        ),  # fmt: skip
         Table("part_attachments", Key.COMPOSITE, ("part_id", "attachment_id", "order")),
         Table("part_fragments", Key.COMPOSITE, ("part_id", "fragment_id", "order")),
         Table("threads", Key.TEXT, ("id",), required=True, pointer="tip_message_hash"),
@@ -25,7 +49,10 @@ LLM = Format(
         Table("turn_search", Key.INTEGER, ("turn_id",)),
         Table("turn_search_fts", Key.DERIVED),
         Table("tool_instantiations", Key.COMPOSITE, ("turn_id", "tool_call_id")),
-        *LEGACY_TABLES,
+        *(
+            Table(t.name, t.key, t.natural_key, compare=()) if t.name == "_llm_migrations" else t
+            for t in LEGACY_TABLES
+        ),
     ),
     message_key="hash",
     parent_column="parent_hash",
@@ -33,4 +60,6 @@ LLM = Format(
     conversation_table="threads",
     call_table="turns",
     part_table="parts",
+    migrations=MIGRATIONS,
+    migration_gate=True,
 )
