@@ -289,5 +289,10 @@ def canonicalize_command(
     _canonicalise(db, dry_run, as_json, quiet)
 
 
+def click_command() -> click.Command:
+    """The whole dagsync CLI as one click command, for ``llm dagsync``."""
+    return typer.main.get_command(app)
+
+
 def main() -> None:
     app(prog_name="dagsync")
