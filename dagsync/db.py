@@ -156,6 +156,12 @@ def _columns(conn: apsw.Connection, table: str) -> list[str]:
     return [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
 
 
+def _is_rowid_alias(conn: apsw.Connection, table: str) -> bool:
+    """``id INTEGER PRIMARY KEY``: the id is the rowid, so it is never NULL or repeated."""
+    rows = list(conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)))
+    return [(n, t.upper()) for n, t, pk in rows if pk] == [("id", "INTEGER")]
+
+
 def _not_a_table(path: Path, name: str, kind: str) -> UnsupportedDatabase:
     return UnsupportedDatabase(
         f"{path}: '{name}' is a {kind}, not a table; dagsync reads only real "
@@ -228,6 +234,11 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
                     "dagsync refused the file without reading it"
                 )
             continue
+        if table.key is Key.INTEGER and not _is_rowid_alias(conn, table.name):
+            raise UnsupportedDatabase(
+                f"{path}: '{table.name}.id' is not an INTEGER PRIMARY KEY as llm makes it; "
+                "dagsync refused the file without reading it"
+            )
         missing = [c for c in fmt.columns[table.name] if c not in _columns(conn, table.name)]
         if missing:
             raise UnsupportedDatabase(

@@ -62,6 +62,10 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
 TARGET_SECONDS = 0.15
 FIRST_CHUNK = 2000
+MAX_READ_CHUNK = 100_000
+# A write transaction's cost is less even than a read's (an FTS index may
+# merge its segments in one of them), so write chunks stay smaller.
+MAX_WRITE_CHUNK = 10_000
 MAX_CONFLICTS_SHOWN = 10
 # A live writer that inserts a colliding row between plan and apply makes an
 # insert fail; the merge then re-plans from the files, this many times.
@@ -188,11 +192,14 @@ def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress
             if not dry_run:
                 run.apply()
             return run.report()
-        except apsw.ConstraintError:
+        except apsw.ConstraintError as exc:
             # Someone wrote a colliding row between plan and apply; every
             # commit so far is consistent, so plan again from the files.
             if attempt == ATTEMPTS:
-                raise
+                raise DagsyncError(
+                    f"merging {source} into {target.path} kept colliding with rows written "
+                    f"meanwhile ({exc}); everything merged so far is consistent - run the merge again"
+                ) from exc
         finally:
             run.detach()
     raise AssertionError("unreachable")
@@ -215,12 +222,13 @@ class _Counts:
 class _Pacer:
     """Chunk sizes that keep each statement or transaction near TARGET_SECONDS."""
 
-    def __init__(self) -> None:
-        self.size = FIRST_CHUNK
+    def __init__(self, largest: int) -> None:
+        self.size = min(FIRST_CHUNK, largest)
+        self.largest = largest
 
     def timed(self, seconds: float) -> None:
         if seconds < TARGET_SECONDS / 2:
-            self.size = min(self.size * 2, 200_000)
+            self.size = min(self.size * 2, self.largest)
         elif seconds > TARGET_SECONDS * 2:
             self.size = max(self.size // 2, 50)
 
@@ -249,6 +257,19 @@ class _SourceMerge:
         self.source_tables = {
             name for (name,) in self.conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")
         }
+        # The source may be a live llm database. Every read of it is bounded by
+        # the highest rowid each table had at one instant (one read
+        # transaction), so rows written during the merge wait for the next one
+        # instead of arriving half-planned. llm writes a row's references in
+        # the same transaction as the row, so the bounds are consistent.
+        self.bounds: dict[str, int] = {}
+        self.conn.execute("BEGIN")
+        try:
+            for table in self.fmt.merge_order:
+                if table.name in self.source_tables:
+                    self.bounds[table.name] = self.one(f'SELECT coalesce(max(rowid), 0) FROM src."{table.name}"')
+        finally:
+            self.conn.execute("COMMIT")
 
     def detach(self) -> None:
         if not self.attached:
@@ -268,34 +289,42 @@ class _SourceMerge:
     def changes(self) -> int:
         return self.conn.changes()
 
-    def chunks(self, schema_table: str, column: str = "rowid", phase: str | None = None) -> Iterator[tuple[int, int]]:
+    def chunks(
+        self, schema_table: str, column: str = "rowid", phase: str | None = None, writes: bool = False
+    ) -> Iterator[tuple[int, int]]:
         """Consecutive inclusive ``column`` ranges of about ``pacer.size`` rows each.
 
         Statements run one range at a time, so none holds a lock on a file
-        for long, however big the table. With ``phase``, progress is reported
-        after each range.
+        for long, however big the table. A source table is read only up to
+        its bound (see ``attach``). With ``phase``, progress is reported
+        after each range. ``writes`` caps the range size lower: a write
+        transaction's cost is less even (an FTS index merging its segments).
         """
         # Each loop learns its own pace from a small start: rows of one table
         # cost very differently from another's (an FTS-indexed response versus
         # a link row), and reads from writes.
-        pacer = _Pacer()
-        low = self.one(f"SELECT min({column}) FROM {schema_table}")
-        total = self.one(f"SELECT count(*) FROM {schema_table}") if phase else 0
+        pacer = _Pacer(MAX_WRITE_CHUNK if writes else MAX_READ_CHUNK)
+        bound = ""
+        if schema_table.startswith("src.") and schema_table[4:].strip('"') in self.bounds:
+            bound = f" AND {column} <= {int(self.bounds[schema_table[4:].strip(chr(34))])}"
+        low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE 1{bound}")
+        total = self.one(f"SELECT count(*) FROM {schema_table} WHERE 1{bound}") if phase else 0
         done = 0
         while low is not None:
             high = self.one(
-                f"SELECT {column} FROM {schema_table} WHERE {column} >= ? ORDER BY {column} LIMIT 1 OFFSET ?",
+                f"SELECT {column} FROM {schema_table} WHERE {column} >= ?{bound} "
+                f"ORDER BY {column} LIMIT 1 OFFSET ?",
                 (low, pacer.size - 1),
             )
             if high is None:
-                high = self.one(f"SELECT max({column}) FROM {schema_table}")
+                high = self.one(f"SELECT max({column}) FROM {schema_table} WHERE 1{bound}")
             started = time.perf_counter()
             yield low, high
             pacer.timed(time.perf_counter() - started)
             if phase:
                 done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
                 self.progress(phase, done, total)
-            low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE {column} > ?", (high,))
+            low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE {column} > ?{bound}", (high,))
 
     def present(self, table: Table) -> bool:
         return table.name in self.source_tables
@@ -341,11 +370,6 @@ class _SourceMerge:
             return table.natural_key
         return tuple(c for c in self.columns[table.name] if c != "id")
 
-    def key_match(self, table: Table, target_alias: str = "t") -> str:
-        return " AND ".join(
-            f'{target_alias}."{c}" IS {self.expr(table, c)}' for c in self.natural_key(table)
-        )
-
     # -- plan ----------------------------------------------------------------------
 
     def plan(self) -> None:
@@ -369,10 +393,13 @@ class _SourceMerge:
 
     def check_migrations(self) -> None:
         """A source migrated further than the target may hold what the target's schema cannot."""
+        if "_llm_migrations" not in self.source_tables:
+            return
+        same = "name" if self.fmt.migration_gate == "name" else "substr(name, 1, instr(name || '_', '_'))"
         ahead = [
             name for (name,) in self.conn.execute(
-                "SELECT name FROM src._llm_migrations WHERE name NOT IN (SELECT name FROM main._llm_migrations) "
-                "ORDER BY name"
+                f"SELECT name FROM src._llm_migrations WHERE {same} NOT IN "
+                f"(SELECT {same} FROM main._llm_migrations) ORDER BY name"
             )
         ]  # fmt: skip
         if ahead:
@@ -390,7 +417,10 @@ class _SourceMerge:
         if table.key is Key.DAG_MESSAGE:
             # Identity is (parent, content_hash): look for it under the mapped parent.
             identity = "content_hash"
-            match = "SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p AND t.content_hash = lvl.hash"
+            match = (
+                "SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
+                f"AND t.content_hash = lvl.hash AND t.id != '{TOP}'"
+            )
         else:
             # The key is a hash over parent and content: the key is the identity.
             identity = key
@@ -501,41 +531,68 @@ class _SourceMerge:
         """Rows that travel with their owner: counted for new owners, checked for clashes."""
         column, _ = table.owner  # type: ignore[misc]
         key = table.natural_key[0]
-        self.counts[table.name].added = self.one(
-            f'SELECT count(*) FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src'
-        )
-        for (clash,) in self.conn.execute(
-            f'SELECT s."{key}" FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
-            f'JOIN main."{table.name}" t ON t."{key}" = s."{key}" LIMIT ?',
-            (MAX_CONFLICTS_SHOWN,),
-        ):
-            self.conflicts.append(f"{table.name} {clash} belongs to a new message but is already in the target")
+        added = 0
+        for low, high in self.chunks("temp.msg_new", "seq"):
+            added += self.one(
+                f'SELECT count(*) FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
+                "WHERE n.seq BETWEEN ? AND ?",
+                (low, high),
+            )
+            for (clash,) in self.conn.execute(
+                f'SELECT s."{key}" FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
+                f'JOIN main."{table.name}" t ON t."{key}" = s."{key}" WHERE n.seq BETWEEN ? AND ? LIMIT ?',
+                (low, high, MAX_CONFLICTS_SHOWN),
+            ):
+                self.conflicts.append(f"{table.name} {clash} belongs to a new message but is already in the target")
+        self.counts[table.name].added = added
 
     def plan_integer(self, table: Table) -> None:
-        """Match integer-keyed rows by natural key; the rest get new ids when applied."""
+        """Match integer-keyed rows by natural key; the rest get new ids when applied.
+
+        Equal rows are matched by rank: the k-th source row with a natural key
+        (in id order) is the k-th target row with it. Two identical tool calls
+        in one response stay two rows, and a merge cut short after copying the
+        first copies only the second when re-run.
+        """
         c = self.conn
         name = table.name
         nk = self.natural_key(table)
-        # A copy of the target's natural keys with an index, so matching is a
-        # lookup per row whatever indexes the target has.
         keys = _quoted(nk)
-        c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys} FROM main."{name}" WHERE 0')
+        ranked = f"row_number() OVER (PARTITION BY {keys} ORDER BY id)"
+        # The target's keys (and the source's, rewritten into the target's
+        # terms) copied into indexed temp tables, read in bounded slices.
+        c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys}, 0 AS rnk FROM main."{name}" WHERE 0')
         for low, high in self.chunks(f'main."{name}"', "id"):
             c.execute(
-                f'INSERT INTO temp."tk_{name}" SELECT id, {keys} FROM main."{name}" WHERE id BETWEEN ? AND ?',
+                f'INSERT INTO temp."tk_{name}" SELECT id, {keys}, 0 FROM main."{name}" WHERE id BETWEEN ? AND ?',
                 (low, high),
             )
-        c.execute(f'CREATE INDEX temp."tk_{name}_nk" ON "tk_{name}" ({keys})')
-        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
+        c.execute(
+            f'CREATE TEMP TABLE "sk_{name}" (seq INTEGER PRIMARY KEY, id INTEGER NOT NULL, '
+            f"{keys}, rnk INTEGER)"
+        )
+        mapped = ", ".join(self.expr(table, k) for k in nk)
         for low, high in self.chunks(f'src."{name}"', "id"):
-            # New rows get a negative placeholder, which no target row matches,
-            # until apply gives them real ids.
             c.execute(
-                f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT s.id, coalesce(m, -s.id), m IS NULL FROM '
-                f'(SELECT s.id, (SELECT min(t.id) FROM temp."tk_{name}" t WHERE {self.key_match(table)}) AS m '
-                f'FROM src."{name}" s WHERE s.id BETWEEN ? AND ?) s',
+                f'INSERT INTO temp."sk_{name}" (id, {keys}) SELECT s.id, {mapped} FROM src."{name}" s '
+                "WHERE s.id BETWEEN ? AND ? ORDER BY s.id",
                 (low, high),
             )
+        for side in ("tk", "sk"):
+            c.execute(
+                f'UPDATE temp."{side}_{name}" SET rnk = r.n FROM (SELECT id, {ranked} AS n '
+                f'FROM temp."{side}_{name}") r WHERE "{side}_{name}".id = r.id'
+            )
+        c.execute(f'CREATE INDEX temp."tk_{name}_nk" ON "tk_{name}" ({keys}, rnk)')
+        same = " AND ".join(f't."{k}" IS s."{k}"' for k in nk)
+        # A new row's placeholder (-seq) is below every real id, so nothing
+        # that refers to it can match a target row until apply gives it an id.
+        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
+        c.execute(
+            f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT s.id, coalesce(m, -s.seq), m IS NULL FROM '
+            f'(SELECT s.id, s.seq, (SELECT t.id FROM temp."tk_{name}" t WHERE {same} AND t.rnk = s.rnk) AS m '
+            f'FROM temp."sk_{name}" s) s'
+        )
         counts = self.counts[name]
         counts.added = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE new')
         counts.mapped = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new AND dst != src')
@@ -594,32 +651,49 @@ class _SourceMerge:
             where = f's."{column}" IS NOT NULL AND NOT {resolves}'
             if table.owner is not None:
                 where += f' AND s."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
-            for (bad,) in self.conn.execute(f'SELECT s."{column}" FROM src."{table.name}" s WHERE {where} LIMIT 1'):
-                raise DamagedSource(
-                    f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, {nowhere}; "
-                    "nothing was merged - run `dagsync verify` on the source"
-                )
+            for low, high in self.chunks(f'src."{table.name}"'):
+                for (bad,) in self.conn.execute(
+                    f'SELECT s."{column}" FROM src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {where} LIMIT 1',
+                    (low, high),
+                ):
+                    raise DamagedSource(
+                        f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, {nowhere}; "
+                        "nothing was merged - run `dagsync verify` on the source"
+                    )
         for json_ref in table.json_refs:
-            for (bad,) in self.conn.execute(
-                f'SELECT j.value ->> \'$.{json_ref.id_key}\' FROM src."{table.name}" s, '
-                f"json_each(s.\"{json_ref.column}\", '$.{json_ref.list_key}') j "
-                f"WHERE s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
-                f"AND j.value ->> '$.{json_ref.id_key}' IS NOT NULL AND NOT EXISTS "
-                f"(SELECT 1 FROM temp.\"map_{json_ref.table}\" m WHERE m.src = j.value ->> '$.{json_ref.id_key}') LIMIT 1"
-            ):
-                raise DamagedSource(
-                    f"{self.source}: a {table.name}.{json_ref.column} refers to {json_ref.table} {bad!r}, "
-                    f"which {self.source.name} does not have; nothing was merged - run `dagsync verify` on the source"
-                )
+            piece = f"j.value ->> '$.{json_ref.id_key}'"
+            for low, high in self.chunks(f'src."{table.name}"'):
+                for (bad,) in self.conn.execute(
+                    f'SELECT {piece} FROM src."{table.name}" s, '
+                    f"json_each(s.\"{json_ref.column}\", '$.{json_ref.list_key}') j "
+                    f"WHERE s.rowid BETWEEN ? AND ? AND s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
+                    f"AND {piece} IS NOT NULL AND NOT EXISTS "
+                    f'(SELECT 1 FROM temp."map_{json_ref.table}" m WHERE m.src = {piece}) LIMIT 1',
+                    (low, high),
+                ):
+                    raise DamagedSource(
+                        f"{self.source}: a {table.name}.{json_ref.column} refers to {json_ref.table} {bad!r}, "
+                        f"which {self.source.name} does not have; nothing was merged - run `dagsync verify` on the source"
+                    )
 
     def plan_pointer(self, table: Table) -> None:
-        """Decide each pointer both sides have but set differently."""
+        """Decide each pointer both sides have but set differently.
+
+        The candidates in the target are the row itself and the fork rows
+        earlier merges added for it. If the source's head is on a candidate's
+        chain, the target already has it: keep. If a candidate's head is on
+        the source head's chain, that candidate fast-forwards (the row itself
+        first). Otherwise the heads diverged: add a fork row. Whatever order
+        files are merged in, every head ends up on exactly the chains it would
+        have in any other order.
+        """
         c = self.conn
         name, pointer = table.name, table.pointer
         key = table.natural_key[0]
         head = self.expr(table, pointer)
         c.execute(
-            "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, verdict INTEGER)"
+            "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, "
+            "verdict INTEGER, row TEXT, row_head TEXT)"
         )
         for low, high in self.chunks(f'src."{name}"'):
             c.execute(
@@ -628,33 +702,53 @@ class _SourceMerge:
                 f"WHERE s.rowid BETWEEN ? AND ? AND {head} IS NOT NULL AND {head} IS NOT t.\"{pointer}\"",
                 (low, high),
             )
-        c.execute("UPDATE temp.ptr SET verdict = ? WHERE t_head IS NULL", (FAST_FORWARD,))
-        mkey, parent, root = self.fmt.message_key, self.fmt.parent_column, self.fmt.root_id
-        not_root = f"m.{mkey} != '{root}'" if root else "1"
-        src_dst = "(SELECT dst FROM temp.msg_map WHERE src = up.cur)"
-        # The target's head is on the source head's chain: fast-forward.
-        c.execute(
-            f"WITH RECURSIVE up(k, cur) AS (SELECT key, s_raw FROM temp.ptr WHERE verdict IS NULL "
-            f"UNION SELECT up.k, m.{parent} FROM up JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
-            f"UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND key IN "
-            f"(SELECT up.k FROM up JOIN temp.ptr p ON p.key = up.k WHERE {src_dst} = p.t_head)",
-            (FAST_FORWARD,),
-        )
-        # The source head is on the target head's chain: the target is ahead.
-        c.execute(
-            f"WITH RECURSIVE up(k, cur) AS (SELECT key, t_head FROM temp.ptr WHERE verdict IS NULL "
-            f"UNION SELECT up.k, m.{parent} FROM up JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
-            f"UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND key IN "
-            f"(SELECT up.k FROM up JOIN temp.ptr p ON p.key = up.k WHERE up.cur = p.s_head)",
-            (KEEP,),
-        )
-        # Diverged: fork, unless an earlier merge already did.
+        c.execute("UPDATE temp.ptr SET verdict = ?, row = key WHERE t_head IS NULL", (FAST_FORWARD,))
+        c.execute("CREATE TEMP TABLE cand (key TEXT NOT NULL, row TEXT NOT NULL, head TEXT)")
+        c.execute("INSERT INTO temp.cand SELECT key, key, t_head FROM temp.ptr WHERE verdict IS NULL")
         if bookkeeping.has(c, "_dagsync_forks"):
             c.execute(
-                "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS (SELECT 1 FROM "
-                "main._dagsync_forks f WHERE f.pointer_table = ? AND f.key = ptr.key AND f.head = ptr.s_head)",
-                (KEEP, name),
+                f'INSERT INTO temp.cand SELECT p.key, f.fork_key, t."{pointer}" FROM temp.ptr p '
+                f"JOIN main._dagsync_forks f ON f.pointer_table = ? AND f.key = p.key "
+                f'JOIN main."{name}" t ON t."{key}" = f.fork_key WHERE p.verdict IS NULL',
+                (name,),
             )
+        c.execute("CREATE INDEX temp.cand_key ON cand (key, head)")
+        mkey, parent, root = self.fmt.message_key, self.fmt.parent_column, self.fmt.root_id
+        not_root = f"m.{mkey} != '{root}'" if root else "1"
+        c.execute("CREATE TEMP TABLE s_up (key TEXT NOT NULL, dst TEXT)")
+        c.execute("CREATE TEMP TABLE t_up (key TEXT NOT NULL, cur TEXT)")
+        for low, high in self.chunks("temp.ptr"):
+            # Every message on the source head's chain, in the target's ids.
+            c.execute(
+                f"INSERT INTO temp.s_up WITH RECURSIVE up(k, cur) AS (SELECT key, s_raw FROM temp.ptr "
+                f"WHERE verdict IS NULL AND rowid BETWEEN ? AND ? UNION SELECT up.k, m.{parent} FROM up "
+                f"JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
+                "SELECT up.k, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur",
+                (low, high),
+            )
+            # Every message on each candidate's chain.
+            c.execute(
+                f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur) AS (SELECT c.key, c.head FROM temp.cand c "
+                f"JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL AND p.rowid BETWEEN ? AND ? "
+                f"UNION SELECT up.k, m.{parent} FROM up JOIN main.messages m ON m.{mkey} = up.cur "
+                f"WHERE {not_root}) SELECT k, cur FROM up",
+                (low, high),
+            )
+        c.execute("CREATE INDEX temp.s_up_key ON s_up (key, dst)")
+        c.execute("CREATE INDEX temp.t_up_key ON t_up (key, cur)")
+        c.execute(
+            "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS "
+            "(SELECT 1 FROM temp.t_up u WHERE u.key = ptr.key AND u.cur = ptr.s_head)",
+            (KEEP,),
+        )
+        c.execute(
+            "UPDATE temp.ptr SET verdict = ?, (row, row_head) = (SELECT c.row, c.head FROM temp.cand c "
+            "JOIN temp.s_up u ON u.key = c.key AND u.dst = c.head WHERE c.key = ptr.key "
+            "ORDER BY c.row != ptr.key, c.row LIMIT 1) "
+            "WHERE verdict IS NULL AND EXISTS (SELECT 1 FROM temp.cand c JOIN temp.s_up u "
+            "ON u.key = c.key AND u.dst = c.head WHERE c.key = ptr.key)",
+            (FAST_FORWARD,),
+        )
         c.execute("UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL", (FORK,))
         counts = self.counts[name]
         counts.updated = self.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FAST_FORWARD,))
@@ -689,7 +783,7 @@ class _SourceMerge:
         top = "n.parent" if self.fmt.root_id == TOP else f"NULLIF(n.parent, '{TOP}')"
         select = ", ".join(top if col == parent else f's."{col}"' for col in cols)
         owned = [t for t in self.fmt.merge_order if t.owner and t.owner[1] == table.name and self.present(t)]
-        for low, high in self.chunks("temp.msg_new", "seq", "copying messages"):
+        for low, high in self.chunks("temp.msg_new", "seq", "copying messages", writes=True):
             with write_transaction(c):
                 # Parents first (msg_new is ordered by depth): every commit
                 # leaves each inserted message's parent in place.
@@ -715,7 +809,7 @@ class _SourceMerge:
         if mapped or source_map:
             with write_transaction(c):
                 bookkeeping.ensure(c)
-            for low, high in self.chunks("temp.msg_map", "src"):
+            for low, high in self.chunks("temp.msg_map", "src", writes=True):
                 with write_transaction(c):
                     c.execute(
                         "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
@@ -723,20 +817,24 @@ class _SourceMerge:
                         (MAPPED, low, high),
                     )
             if source_map:
-                # The source's own records of old ids, carried over to where they landed.
-                with write_transaction(c):
-                    c.execute(
-                        "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
-                        "SELECT s.source_id, m.dst FROM src._dagsync_message_map s "
-                        "JOIN temp.msg_map m ON m.src = s.target_id"
-                    )
+                # The source's own records of old ids, carried over to where they
+                # landed - unless the old id is itself a message here.
+                for low, high in self.chunks("src._dagsync_message_map", writes=True):
+                    with write_transaction(c):
+                        c.execute(
+                            "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
+                            "SELECT s.source_id, m.dst FROM src._dagsync_message_map s "
+                            "JOIN temp.msg_map m ON m.src = s.target_id WHERE s.rowid BETWEEN ? AND ? "
+                            "AND NOT EXISTS (SELECT 1 FROM main.messages t WHERE t.id = s.source_id)",
+                            (low, high),
+                        )
 
     def apply_integer(self, table: Table, written: dict[str, _Counts]) -> None:
         c = self.conn
         name = table.name
         cols = self.columns[name]
         select = ", ".join("m.dst" if col == "id" else self.expr(table, col) for col in cols)
-        for low, high in self.chunks(f'temp."map_{name}"', "src", f"copying {name}"):
+        for low, high in self.chunks(f'temp."map_{name}"', "src", f"copying {name}", writes=True):
             with write_transaction(c):
                 # Ids are taken under the write lock, after the target's highest.
                 base = self.one(f'SELECT coalesce(max(id), 0) FROM main."{name}"')
@@ -759,7 +857,7 @@ class _SourceMerge:
         name = table.name
         select = ", ".join(self.expr(table, col) for col in self.columns[name])
         match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in table.natural_key)
-        for low, high in self.chunks(f'src."{name}"', phase=f"copying {name}"):
+        for low, high in self.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
             with write_transaction(c):
                 c.execute(
                     f'INSERT INTO main."{name}" ({self.column_list(table)}) SELECT {select} '
@@ -774,14 +872,21 @@ class _SourceMerge:
         name, pointer = table.name, table.pointer
         key = table.natural_key[0]
         with write_transaction(c):
-            # Only where the target still points where the plan saw it.
+            # Only where the row still points where the plan saw it.
             c.execute(
                 f'UPDATE main."{name}" SET "{pointer}" = p.s_head FROM temp.ptr p '
-                f'WHERE p.verdict = ? AND main."{name}"."{key}" = p.key '
-                f'AND main."{name}"."{pointer}" IS p.t_head',
+                f'WHERE p.verdict = ? AND main."{name}"."{key}" = p.row '
+                f'AND main."{name}"."{pointer}" IS p.row_head',
                 (FAST_FORWARD,),
             )
             written[name].updated += self.changes()
+            # A live writer moved a pointer we meant to fast-forward: the
+            # source's head is kept as a fork instead of being dropped.
+            c.execute(
+                f'UPDATE temp.ptr SET verdict = ? WHERE verdict = ? AND NOT EXISTS (SELECT 1 FROM main."{name}" t '
+                f'WHERE t."{key}" = ptr.row AND t."{pointer}" IS ptr.s_head)',
+                (FORK, FAST_FORWARD),
+            )
         forks = list(c.execute("SELECT key, s_head FROM temp.ptr WHERE verdict = ?", (FORK,)))
         if not forks:
             return
@@ -809,6 +914,8 @@ class _SourceMerge:
                     f'FROM src."{name}" s WHERE s."{key}" = ?',
                     (*params, original),
                 )
+                if not self.changes():
+                    continue  # the source row is gone; nothing to record
                 c.execute(
                     "INSERT INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
                     (name, original, s_head, fork_key),

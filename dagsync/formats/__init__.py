@@ -104,8 +104,9 @@ class Format:
     # Migration names a new file of this format records in _llm_migrations.
     migrations: tuple[str, ...] = field(default=())
     # Refuse a source that has had a migration the target has not (its
-    # schema may hold what the target's cannot).
-    migration_gate: bool = False
+    # schema may hold what the target's cannot), comparing migrations by
+    # "name", or by "number" (m001...) where only the numbers are known for sure.
+    migration_gate: str | None = None
 
     @cached_property
     def schema_sql(self) -> str:

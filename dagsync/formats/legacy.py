@@ -12,10 +12,13 @@ LEGACY_TABLES = (
     Table("schemas", Key.TEXT, ("id",)),
     Table("responses", Key.TEXT, ("id",)),
     Table("responses_fts", Key.DERIVED),
-    Table("attachments", Key.TEXT, ("id",)),
+    # The id is a sha256 of the content (or URL): the same id is the same
+    # attachment, while ``path`` is where one machine happened to read it from.
+    Table("attachments", Key.TEXT, ("id",), compare=()),
     Table("prompt_attachments", Key.COMPOSITE, ("response_id", "attachment_id")),
     Table("fragments", Key.INTEGER, ("hash",)),
-    Table("fragment_aliases", Key.TEXT, ("alias",)),
+    # A name llm lets you re-point (`llm fragments set`): the target keeps its own.
+    Table("fragment_aliases", Key.TEXT, ("alias",), compare=()),
     Table("prompt_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
     Table("system_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
     Table("tools", Key.INTEGER, ("hash",)),

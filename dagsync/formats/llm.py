@@ -61,5 +61,5 @@ LLM = Format(
     call_table="turns",
     part_table="parts",
     migrations=MIGRATIONS,
-    migration_gate=True,
+    migration_gate="name",
 )
