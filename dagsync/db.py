@@ -48,6 +48,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 # never queue ahead of llm for long; the second is our patience.
 BUSY_TIMEOUT_MS = 2000
 WRITE_RETRY_SECONDS = 120.0
+CACHE_KIB = 65536
 
 
 @dataclass
@@ -287,6 +288,9 @@ def _connect_target(path: Path) -> apsw.Connection:
     _harden(conn)
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA foreign_keys = OFF")
+    # Merges insert into several indexes at once; SQLite's default 2 MiB
+    # page cache makes that re-read pages it just wrote.
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
     return conn
 
 

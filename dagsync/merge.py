@@ -60,12 +60,12 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 
 # Aim for write transactions this long; chunk sizes adapt to it. Far below
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
-TARGET_SECONDS = 0.15
+TARGET_SECONDS = 0.3
 FIRST_CHUNK = 2000
 MAX_READ_CHUNK = 100_000
 # A write transaction's cost is less even than a read's (an FTS index may
 # merge its segments in one of them), so write chunks stay smaller.
-MAX_WRITE_CHUNK = 10_000
+MAX_WRITE_CHUNK = 20_000
 MAX_CONFLICTS_SHOWN = 10
 # A live writer that inserts a colliding row between plan and apply makes an
 # insert fail; the merge then re-plans from the files, this many times.
@@ -441,13 +441,26 @@ class _SourceMerge:
         )
         c.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
         c.execute(f"INSERT INTO temp.msg_map VALUES ('{TOP}', '{TOP}', '{TOP}', 0, 0)")
+        # A message the target holds under its own id, with the same parent
+        # and identity, is that row whatever its depth (its parent is there
+        # too, by the same token). One bounded pass settles all of those - in
+        # a re-merge, everything - and the levels below start from them.
+        for low, high in self.chunks("temp.src_msg", "rid"):
+            c.execute(
+                f"INSERT INTO temp.msg_map SELECT s.id, s.id, s.parent_id, 0, {SAME} FROM temp.src_msg s "
+                f"JOIN main.messages t ON t.{key} = s.id WHERE s.rid BETWEEN ? AND ? "
+                f"AND coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.{identity} IS s.hash",
+                (low, high),
+            )
         c.execute(
             "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, match TEXT, "
             "id_exists INTEGER, id_parent TEXT, id_hash TEXT)"
         )
         c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
         total = self.one("SELECT count(*) FROM temp.src_msg")
-        depth, done = 0, 0
+        # "depth" counts rounds out from what is settled: a row's parent is
+        # always settled a round before it, so round order is parents first.
+        depth, done = 0, self.one("SELECT count(*) FROM temp.msg_map") - 1
         while True:
             c.execute("DELETE FROM temp.lvl")
             c.execute(
@@ -513,9 +526,21 @@ class _SourceMerge:
                 "nothing was merged - run `dagsync verify` on the source"
             )
         c.execute("CREATE TEMP TABLE msg_new (seq INTEGER PRIMARY KEY, src TEXT NOT NULL, parent TEXT NOT NULL)")
+        # New messages are inserted parents first, so every commit leaves each
+        # one's parent in place. The source's own row order is that order in
+        # any file written a message at a time (and it is the order of the
+        # ids, so inserts land near each other in every index); where it is
+        # not, depth order is.
+        backwards = self.one(
+            "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
+            "JOIN temp.msg_map p ON p.src = cs.parent_id JOIN temp.src_msg ps ON ps.id = cs.parent_id "
+            "WHERE c.kind = ? AND p.kind = ? AND ps.rid > cs.rid",
+            (NEW, NEW),
+        )
+        order = "s.rid" if not backwards else "m.depth, m.src"
         c.execute(
-            "INSERT INTO temp.msg_new (src, parent) SELECT src, parent FROM temp.msg_map "
-            "WHERE kind = ? ORDER BY depth, src",
+            "INSERT INTO temp.msg_new (src, parent) SELECT m.src, m.parent FROM temp.msg_map m "
+            f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
             (NEW,),
         )
         counts = self.counts[table.name]
@@ -605,21 +630,19 @@ class _SourceMerge:
         compare = table.compare
         if compare is None:
             compare = tuple(c for c in self.columns[name] if c not in key and c != table.pointer)
-        added = existing = 0
-        match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in key)
+        if table.key is not Key.TEXT:
+            compare = ()  # a composite row is all key
+        match = self.key_match(table)
         differs = " OR ".join(f't."{c}" IS NOT {self.expr(table, c)}' for c in compare) or "0"
+        added = existing = 0
         for low, high in self.chunks(f'src."{name}"'):
-            added += self.one(
-                f'SELECT count(*) FROM src."{name}" s WHERE s.rowid BETWEEN ? AND ? '
-                f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE {match})',
+            new, old, conflicting = next(iter(self.conn.execute(
+                f'SELECT count(*) - count(t.rowid), count(t.rowid), coalesce(sum(t.rowid IS NOT NULL AND ({differs})), 0) '
+                f'FROM src."{name}" s LEFT JOIN main."{name}" t ON {match} WHERE s.rowid BETWEEN ? AND ?',
                 (low, high),
-            )
-            existing += self.one(
-                f'SELECT count(*) FROM src."{name}" s JOIN main."{name}" t ON {match} '
-                "WHERE s.rowid BETWEEN ? AND ?",
-                (low, high),
-            )
-            if table.key is Key.TEXT and len(self.conflicts) < MAX_CONFLICTS_SHOWN * 10:
+            )))  # fmt: skip
+            added, existing = added + new, existing + old
+            if conflicting and len(self.conflicts) < MAX_CONFLICTS_SHOWN * 10:
                 for (k,) in self.conn.execute(
                     f'SELECT s."{key[0]}" FROM src."{name}" s JOIN main."{name}" t ON {match} '
                     f"WHERE s.rowid BETWEEN ? AND ? AND ({differs}) LIMIT ?",
@@ -629,16 +652,32 @@ class _SourceMerge:
         counts = self.counts[name]
         counts.added, counts.existing = added, existing
 
+    def key_match(self, table: Table, target_alias: str = "t") -> str:
+        """SQL true when the target row ``target_alias`` has the source row's key."""
+        return " AND ".join(f'{target_alias}."{k}" IS {self.expr(table, k)}' for k in table.natural_key)
+
+    def is_new(self, table: Table) -> str:
+        """SQL true for a source row ``s`` that apply will insert."""
+        if table.key in MESSAGE_KEYS:
+            return f"s.{self.fmt.message_key} IN (SELECT src FROM temp.msg_new)"
+        if table.owner is not None:
+            return f's."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
+        if table.key is Key.INTEGER:
+            return f'(SELECT new FROM temp."map_{table.name}" WHERE src = s.id)'
+        return f'NOT EXISTS (SELECT 1 FROM main."{table.name}" t WHERE {self.key_match(table)})'
+
     def check_dangling(self, table: Table) -> None:
-        """A source reference that resolves nowhere would dangle in the target: refuse it."""
+        """A reference in a row about to be copied that resolves nowhere would
+        dangle in the target: refuse the source, naming the first one."""
+        checks: list[tuple[str, str, str, str]] = []  # (column, referenced table, fails, why)
         for column, ref in self.fmt.references[table.name].items():
             ref_table = self.fmt.table(ref)
             if ref == table.name and ref_table.key in MESSAGE_KEYS:
                 continue  # parent links: plan_messages checked them
-            value = self.expr(table, column)
             if ref_table.key in MESSAGE_KEYS or ref_table.key is Key.INTEGER:
                 # Mapped from the source's own rows: the source must have the row.
-                resolves, nowhere = f"{value} IS NOT NULL", f"which {self.source.name} does not have"
+                fails = f"{self.expr(table, column)} IS NULL"
+                why = f"which {self.source.name} does not have"
             else:
                 ref_key = ref_table.natural_key[0]
                 in_source = (
@@ -647,19 +686,24 @@ class _SourceMerge:
                     else "0"
                 )
                 in_target = f'EXISTS (SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{column}")'
-                resolves, nowhere = f"({in_source} OR {in_target})", "which neither file has"
-            where = f's."{column}" IS NOT NULL AND NOT {resolves}'
-            if table.owner is not None:
-                where += f' AND s."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
+                fails = f"NOT ({in_source} OR {in_target})"
+                why = "which neither file has"
+            checks.append((column, ref, f'(s."{column}" IS NOT NULL AND {fails})', why))
+        if checks:
+            failing = " OR ".join(f for _, _, f, _ in checks)
+            values = ", ".join(f's."{col}", {f}' for col, _, f, _ in checks)
             for low, high in self.chunks(f'src."{table.name}"'):
-                for (bad,) in self.conn.execute(
-                    f'SELECT s."{column}" FROM src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {where} LIMIT 1',
+                for row in self.conn.execute(
+                    f'SELECT {values} FROM src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? '
+                    f"AND {self.is_new(table)} AND ({failing}) LIMIT 1",
                     (low, high),
                 ):
-                    raise DamagedSource(
-                        f"{self.source}: {table.name}.{column} refers to {ref} {bad!r}, {nowhere}; "
-                        "nothing was merged - run `dagsync verify` on the source"
-                    )
+                    for i, (column, ref, _, why) in enumerate(checks):
+                        if row[2 * i + 1]:
+                            raise DamagedSource(
+                                f"{self.source}: {table.name}.{column} refers to {ref} {row[2 * i]!r}, {why}; "
+                                "nothing was merged - run `dagsync verify` on the source"
+                            )
         for json_ref in table.json_refs:
             piece = f"j.value ->> '$.{json_ref.id_key}'"
             for low, high in self.chunks(f'src."{table.name}"'):
@@ -667,7 +711,7 @@ class _SourceMerge:
                     f'SELECT {piece} FROM src."{table.name}" s, '
                     f"json_each(s.\"{json_ref.column}\", '$.{json_ref.list_key}') j "
                     f"WHERE s.rowid BETWEEN ? AND ? AND s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
-                    f"AND {piece} IS NOT NULL AND NOT EXISTS "
+                    f"AND {self.is_new(table)} AND {piece} IS NOT NULL AND NOT EXISTS "
                     f'(SELECT 1 FROM temp."map_{json_ref.table}" m WHERE m.src = {piece}) LIMIT 1',
                     (low, high),
                 ):
@@ -856,7 +900,7 @@ class _SourceMerge:
         c = self.conn
         name = table.name
         select = ", ".join(self.expr(table, col) for col in self.columns[name])
-        match = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in table.natural_key)
+        match = self.key_match(table)
         for low, high in self.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
             with write_transaction(c):
                 c.execute(

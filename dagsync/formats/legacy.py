@@ -24,8 +24,9 @@ LEGACY_TABLES = (
     Table("tools", Key.INTEGER, ("hash",)),
     Table("tool_instances", Key.INTEGER, ("plugin", "name", "arguments")),
     Table("tool_responses", Key.COMPOSITE, ("tool_id", "response_id")),
-    # No natural key of their own: matched on every column but the id.
-    Table("tool_calls", Key.INTEGER),
-    Table("tool_results", Key.INTEGER),
+    # One response's calls and results, told apart by tool, call id and name;
+    # equal ones are matched by rank (the k-th with the k-th).
+    Table("tool_calls", Key.INTEGER, ("response_id", "tool_id", "tool_call_id", "name")),
+    Table("tool_results", Key.INTEGER, ("response_id", "tool_id", "tool_call_id", "name")),
     Table("tool_results_attachments", Key.COMPOSITE, ("tool_result_id", "attachment_id")),
 )
