@@ -60,12 +60,12 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 
 # Aim for write transactions this long; chunk sizes adapt to it. Far below
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
-TARGET_SECONDS = 0.3
+TARGET_SECONDS = 0.5
 FIRST_CHUNK = 2000
 MAX_READ_CHUNK = 100_000
 # A write transaction's cost is less even than a read's (an FTS index may
 # merge its segments in one of them), so write chunks stay smaller.
-MAX_WRITE_CHUNK = 20_000
+MAX_WRITE_CHUNK = 50_000
 MAX_CONFLICTS_SHOWN = 10
 # A live writer that inserts a colliding row between plan and apply makes an
 # insert fail; the merge then re-plans from the files, this many times.
@@ -805,13 +805,16 @@ class _SourceMerge:
         written = {name: _Counts() for name in self.counts}
         for step, table in enumerate(order):
             self.progress(f"copying {table.name}", step, len(order))
+            planned = self.counts[table.name]
             if table.key in MESSAGE_KEYS:
                 self.apply_messages(table, written)
+            elif not planned.added:
+                pass  # nothing to copy: no write transaction at all
             elif table.key is Key.INTEGER:
                 self.apply_integer(table, written)
             else:
                 self.apply_keyed(table, written)
-            if table.pointer:
+            if table.pointer and (planned.updated or planned.forked):
                 self.apply_pointer(table, written)
         self.progress("copied", len(order), len(order))
         # Report what was done, which is what the plan said unless a live
@@ -853,12 +856,14 @@ class _SourceMerge:
         if mapped or source_map:
             with write_transaction(c):
                 bookkeeping.ensure(c)
-            for low, high in self.chunks("temp.msg_map", "src", writes=True):
+            c.execute("CREATE TEMP TABLE msg_mapped (seq INTEGER PRIMARY KEY, src TEXT, dst TEXT)")
+            c.execute("INSERT INTO temp.msg_mapped (src, dst) SELECT src, dst FROM temp.msg_map WHERE kind = ?", (MAPPED,))
+            for low, high in self.chunks("temp.msg_mapped", "seq", writes=True):
                 with write_transaction(c):
                     c.execute(
                         "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
-                        "SELECT src, dst FROM temp.msg_map WHERE kind = ? AND src BETWEEN ? AND ?",
-                        (MAPPED, low, high),
+                        "SELECT src, dst FROM temp.msg_mapped WHERE seq BETWEEN ? AND ?",
+                        (low, high),
                     )
             if source_map:
                 # The source's own records of old ids, carried over to where they
