@@ -358,25 +358,57 @@ def initialise(conn: apsw.Connection, fmt: Format) -> None:
 
 @contextlib.contextmanager
 def write_transaction(conn: apsw.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, waiting politely for the write lock.
+    """An exclusive write transaction that a running llm waits for rather than fails on.
 
-    Joins an enclosing transaction if one is open. Taking the write lock up
-    front (IMMEDIATE) means a busy database is found before any work is done,
-    so retrying is always safe. Rolls back on any exception.
+    Joins an enclosing transaction if one is open; rolls back on any exception.
+
+    llm writes with ``BEGIN`` (deferred): it reads, then upgrades to write.
+    In rollback-journal mode SQLite refuses that upgrade at once, busy
+    timeout or not, when another connection holds the write lock (waiting
+    could deadlock). So:
+
+    * we take the lock EXCLUSIVE: while we write, llm cannot even start
+      reading, and its busy timeout makes it wait instead of failing;
+    * we never wait for it while holding it: the lock is tried with no busy
+      timeout, and if a reader is active we let go and try again later, so
+      a reader half-way to writing finishes first;
+    * after each commit we pause for a quarter of the transaction's length
+      (at most 0.1 s): a waiting llm, sleeping in steps of at most 100 ms,
+      gets its turn before our next transaction.
     """
     if conn.in_transaction:
         yield
         return
-    _retry_busy(conn, "BEGIN IMMEDIATE")
+    _begin_exclusive(conn)
+    started = time.monotonic()
     try:
         yield
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    # In rollback-journal mode COMMIT waits for readers to finish; a busy
-    # COMMIT leaves the transaction open, so it is safe to try again.
+    # A busy COMMIT leaves the transaction open, so it is safe to try again.
     _retry_busy(conn, "COMMIT")
+    time.sleep(min(0.1, (time.monotonic() - started) / 4))
+
+
+def _begin_exclusive(conn: apsw.Connection) -> None:
+    deadline = time.monotonic() + WRITE_RETRY_SECONDS
+    delay = 0.005
+    conn.set_busy_timeout(0)
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN EXCLUSIVE")
+                return
+            except apsw.BusyError:
+                if time.monotonic() > deadline:
+                    raise
+                # Jitter so two waiting writers do not retry in lockstep.
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.2)
+    finally:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
 
 
 def _retry_busy(conn: apsw.Connection, sql: str) -> None:

@@ -60,7 +60,7 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 
 # Aim for write transactions this long; chunk sizes adapt to it. Far below
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
-TARGET_SECONDS = 0.5
+TARGET_SECONDS = 0.8
 FIRST_CHUNK = 2000
 MAX_READ_CHUNK = 100_000
 # A write transaction's cost is less even than a read's (an FTS index may

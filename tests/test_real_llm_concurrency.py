@@ -1,0 +1,74 @@
+"""Guarantee 7 with the real client: llm keeps logging to the target during a large merge."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dagsync.merge import merge
+
+pytest.importorskip("llm")
+from fixtures import family_llm  # noqa: E402
+
+
+def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
+    machines = [r.path for r in family_llm(tmp_path / "fam", seed=71, machines=2, conversations=4000)]
+    user_dir = tmp_path / "llm"
+    user_dir.mkdir()
+    target = user_dir / "logs.db"
+    shutil.copyfile(machines[0], target)
+    env = {**os.environ, "LLM_USER_PATH": str(user_dir)}
+    sent: list[tuple[str, float, float]] = []
+    failures: list[str] = []
+    done = threading.Event()
+
+    def keep_prompting(who: str) -> None:
+        n = 0
+        while not done.is_set():
+            n += 1
+            prompt = f"live prompt number {n} from {who} during the merge"
+            began = time.perf_counter()
+            run = subprocess.run(
+                [sys.executable, "-m", "llm", "-m", "echo", prompt], env=env, capture_output=True, text=True
+            )
+            if run.returncode:
+                failures.append(run.stderr)
+            else:
+                sent.append((prompt, began, time.perf_counter()))
+
+    # Two llm processes at a time, each a few prompts a second.
+    prompters = [threading.Thread(target=keep_prompting, args=(who,)) for who in ("alice", "bob")]
+    for prompter in prompters:
+        prompter.start()
+    time.sleep(1.0)  # llm is already writing when the merge starts
+    started = time.perf_counter()
+    report = merge(target, [machines[1]])
+    took = time.perf_counter() - started
+    time.sleep(1.0)
+    done.set()
+    for prompter in prompters:
+        prompter.join()
+    assert failures == [], failures[0]
+    assert report.sources[0].table("messages").added > 0
+    finished = started + took
+    during = [p for p, began, ended in sent if began > started and ended < finished]
+    assert len(during) >= 3, f"only {len(during)} prompts ran inside the {took:.1f}s merge"
+    listed = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "llm", "logs", "list", "--json", "-n", "0"], env=env,
+            check=True, capture_output=True, text=True,
+        ).stdout
+    )  # fmt: skip
+    prompts = {r["prompt"] for r in listed}
+    assert {p for p, _, _ in sent} <= prompts
+    import sqlite_utils
+    from llm.logs import LogStore
+
+    assert LogStore(sqlite_utils.Database(target)).verify() == []
