@@ -543,6 +543,8 @@ class _SourceMerge:
             f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
             (NEW,),
         )
+        # "Is this message new?" is asked of every part and reference.
+        c.execute("CREATE UNIQUE INDEX temp.msg_new_src ON msg_new (src)")
         counts = self.counts[table.name]
         for kind, n in c.execute(f"SELECT kind, count(*) FROM temp.msg_map WHERE src != '{TOP}' GROUP BY kind"):
             if kind == NEW:

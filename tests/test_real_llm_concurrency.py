@@ -19,7 +19,7 @@ from fixtures import family_llm  # noqa: E402
 
 
 def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
-    machines = [r.path for r in family_llm(tmp_path / "fam", seed=71, machines=2, conversations=4000)]
+    machines = [r.path for r in family_llm(tmp_path / "fam", seed=71, machines=2, conversations=7000)]
     user_dir = tmp_path / "llm"
     user_dir.mkdir()
     target = user_dir / "logs.db"
@@ -43,8 +43,11 @@ def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
             else:
                 sent.append((prompt, began, time.perf_counter()))
 
-    # Two llm processes at a time, each a few prompts a second.
-    prompters = [threading.Thread(target=keep_prompting, args=(who,)) for who in ("alice", "bob")]
+    # One llm process at a time, as a person at a terminal runs it. (Two llm
+    # processes can fail each other: llm reads, then upgrades to write, in a
+    # deferred transaction; two doing that at once is refused by SQLite
+    # whoever else holds the file. See docs/merge.md.)
+    prompters = [threading.Thread(target=keep_prompting, args=("alice",))]
     for prompter in prompters:
         prompter.start()
     time.sleep(1.0)  # llm is already writing when the merge starts
