@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine with Python 3.11 and make:
-#   make demo   build two sample "laptop" databases, merge them, show the result
+#   make demo   build sample databases in both formats, merge them, show the result
 #   make test   run the whole test suite
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -14,11 +14,11 @@ $(BIN)/python:
 
 # One stamp per extra, remade when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -33,6 +33,11 @@ demo: $(VENV)/.installed
 	@$(BIN)/dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db
 	@echo; echo "== dagsync stats $(DEMO)/merged.db"
 	@$(BIN)/dagsync stats $(DEMO)/merged.db
+	@echo; echo "== the llm 0.36 format: two machines' logs.db, merged"
+	$(BIN)/python -m fixtures llm $(DEMO)/llm --family --seed 7 --machines 2 --conversations 300
+	@$(BIN)/dagsync merge $(DEMO)/llm/merged.db $(DEMO)/llm/machine-1.db $(DEMO)/llm/machine-2.db
+	@echo; echo "== dagsync stats $(DEMO)/llm/merged.db"
+	@$(BIN)/dagsync stats $(DEMO)/llm/merged.db
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
