@@ -393,27 +393,18 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
 
 
 def _begin_exclusive(conn: apsw.Connection) -> None:
-    deadline = time.monotonic() + WRITE_RETRY_SECONDS
-    delay = 0.005
+    """Take the write lock without ever waiting for it inside SQLite (see above)."""
     conn.set_busy_timeout(0)
     try:
-        while True:
-            try:
-                conn.execute("BEGIN EXCLUSIVE")
-                return
-            except apsw.BusyError:
-                if time.monotonic() > deadline:
-                    raise
-                # Jitter so two waiting writers do not retry in lockstep.
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.2)
+        _retry_busy(conn, "BEGIN EXCLUSIVE", first_delay=0.005)
     finally:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
 
 
-def _retry_busy(conn: apsw.Connection, sql: str) -> None:
+def _retry_busy(conn: apsw.Connection, sql: str, first_delay: float = 0.01) -> None:
+    """Run ``sql`` until the database is not busy, backing off, for WRITE_RETRY_SECONDS."""
     deadline = time.monotonic() + WRITE_RETRY_SECONDS
-    delay = 0.01
+    delay = first_delay
     while True:
         try:
             conn.execute(sql)
@@ -423,4 +414,4 @@ def _retry_busy(conn: apsw.Connection, sql: str) -> None:
                 raise
             # Jitter so two waiting writers do not retry in lockstep.
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.2)

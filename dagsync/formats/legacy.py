@@ -5,6 +5,18 @@
 
 from dagsync.formats import Key, Table
 
+# The migrations every llm since 0.13 shares; the two formats part after m021.
+LEGACY_MIGRATIONS = (
+    "m001_initial", "m002_id_primary_key", "m003_chat_id_foreign_key",
+    "m004_column_order", "m004_drop_provider", "m005_debug", "m006_new_logs_table",
+    "m007_finish_logs_table", "m008_reply_to_id_foreign_key",
+    "m008_fix_column_order_in_logs", "m009_delete_logs_table_if_empty",
+    "m010_create_new_log_tables", "m011_fts_for_responses", "m012_attachments_tables",
+    "m013_usage", "m014_schemas", "m015_fragments_tables", "m016_fragments_table_pks",
+    "m017_tools_tables", "m017_tools_plugin", "m018_tool_instances",
+    "m019_resolved_model", "m020_tool_results_attachments", "m021_tool_results_exception",
+)  # fmt: skip
+
 LEGACY_TABLES = (
     # Which migrations a file has had; merged as a union (applied_at differs by file).
     Table("_llm_migrations", Key.TEXT, ("name",), compare=()),
