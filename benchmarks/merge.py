@@ -30,6 +30,7 @@ not tests: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -54,6 +55,20 @@ GOAL_RSS_MB = 200
 
 
 # -- helpers ----------------------------------------------------------------------
+
+
+def dagsync_version() -> str:
+    """The commit measured, marked dirty when dagsync/ has uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "dagsync"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
 
 
 def log(msg: str) -> None:
@@ -101,11 +116,6 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         log(f"reusing {out} (generated in {meta['generate_seconds']:.1f}s)")
-        if "alias_conflicts_removed" not in meta:  # a cache from before the fix-up
-            meta["alias_conflicts_removed"] = fix_alias_conflicts(out / "laptop-1.db", out / "laptop-2.db")
-            meta["databases"]["laptop-2.db"]["tables"] = rows = table_rows(out / "laptop-2.db")
-            meta["databases"]["laptop-2.db"]["rows"] = sum(rows.values())
-            meta_path.write_text(json.dumps(meta, indent=2))
         return out / "laptop-1.db", out / "laptop-2.db", meta
     from fixtures import family
 
@@ -122,7 +132,6 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
         "seed": seed,
         "shared_fraction": SHARED_FRACTION,
         "generate_seconds": round(seconds, 1),
-        "alias_conflicts_removed": fix_alias_conflicts(building / "laptop-1.db", building / "laptop-2.db"),
         "databases": {},
     }
     for r in reports:
@@ -142,51 +151,17 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
     return out / "laptop-1.db", out / "laptop-2.db", meta
 
 
-def fix_alias_conflicts(laptop1: Path, laptop2: Path) -> list[dict]:
-    """Drop from laptop-2 the fragment aliases that name a different fragment than in laptop-1.
-
-    The generator names aliases ``snippet-<6 hex digits of the fragment hash>``
-    and re-points an alias with INSERT OR REPLACE, so at ~13k fragments per
-    file two fragments collide on a prefix now and then and the two machines
-    end up with one alias pointing at different fragments. dagsync (as
-    docs/merge.md says) calls a text key with different content a conflict
-    and merges nothing, which is right for real data but stops a benchmark.
-    The handful of such rows is removed from the cached laptop-2.db and
-    reported; every other row is as generated.
-    """
-    import apsw
-
-    conn = apsw.Connection(str(laptop2))
-    try:
-        conn.execute("ATTACH DATABASE ? AS other", (str(laptop1),))
-        rows = [
-            {"alias": alias, "laptop-1": h1, "laptop-2": h2}
-            for alias, h1, h2 in conn.execute(
-                "SELECT a2.alias, f1.hash, f2.hash FROM main.fragment_aliases a2 "
-                "JOIN main.fragments f2 ON f2.id = a2.fragment_id "
-                "JOIN other.fragment_aliases a1 ON a1.alias = a2.alias "
-                "JOIN other.fragments f1 ON f1.id = a1.fragment_id "
-                "WHERE f1.hash != f2.hash ORDER BY a2.alias"
-            )
-        ]
-        if rows:
-            with conn:
-                conn.executemany("DELETE FROM main.fragment_aliases WHERE alias = ?", [(r["alias"],) for r in rows])
-        conn.execute("DETACH DATABASE other")
-    finally:
-        conn.close()
-    return rows
-
-
 # -- children: one measurement each ---------------------------------------------------
 
 
-def child_floor(target: str, source: str) -> dict:
+def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
     import apsw
 
     from dagsync.formats.dag import DAG
 
     conn = apsw.Connection(target)
+    if cache_mib:
+        conn.execute(f"PRAGMA cache_size = -{cache_mib * 1024}")
     conn.execute("PRAGMA foreign_keys = OFF")
     started = time.perf_counter()
     conn.execute("ATTACH DATABASE ? AS src", (source,))
@@ -208,37 +183,35 @@ def child_floor(target: str, source: str) -> dict:
 def child_merge(target: str, source: str, statements: bool) -> dict:
     import apsw
 
+    import dagsync
     from dagsync.merge import merge
 
+    # [name, start, SQL ns, sleep s]; until the first progress call: check
+    # the source, open the target, attach.
+    phases: list[list] = [["opening", 0.0, 0, 0.0]]
     sql_time: dict[str, list] = {}
     if statements:
-
-        def profile(sql: str, ns: int) -> None:
-            key = " ".join(sql.split())
-            entry = sql_time.setdefault(key, [0, 0])
-            entry[0] += ns
-            entry[1] += 1
-
-        apsw.connection_hooks.append(lambda conn: conn.set_profile(profile))
-
-    phases: list[list] = []
+        watch_statements(sql_time, phases)
     started = time.perf_counter()
 
     def progress(phase: str, done: int, total: int) -> None:
         # The time each phase starts; a phase lasts until the next one starts.
-        if not phases or phases[-1][0] != phase:
-            phases.append([phase, time.perf_counter() - started])
+        if phases[-1][0] != phase:
+            phases.append([phase, time.perf_counter() - started, 0, 0.0])
+            log(f"    [{phases[-1][1]:8.2f}s] {phase}")
 
     report = merge(target, [source], progress=progress)
     seconds = time.perf_counter() - started
+    # [phase, seconds, of which SQL, of which sleeping] (the last two with --statements)
     durations = []
-    for i, (phase, at) in enumerate(phases):
+    for i, (phase, at, sql_ns, slept) in enumerate(phases):
         end = phases[i + 1][1] if i + 1 < len(phases) else seconds
-        durations.append([phase, round(end - at, 4)])
+        durations.append([phase, round(end - at, 4), round(sql_ns / 1e9, 4), round(slept, 4)])
     (src,) = report.sources
     out = {
         "seconds": seconds,
         "peak_rss_mb": peak_rss_mb(),
+        "dagsync_path": str(Path(dagsync.__file__).parent),
         "written": src.written,
         "tables": {
             t.table: {
@@ -255,10 +228,77 @@ def child_merge(target: str, source: str, statements: bool) -> dict:
     if statements:
         top = sorted(sql_time.items(), key=lambda kv: -kv[1][0])
         out["sql_seconds"] = round(sum(v[0] for v in sql_time.values()) / 1e9, 3)
+        out["sleep_seconds"] = round(sum(p[3] for p in phases), 3)
         out["statements"] = [
             {"seconds": round(ns / 1e9, 3), "count": n, "sql": sql[:300]} for sql, (ns, n) in top[:25]
         ]
     return out
+
+
+def watch_statements(sql_time: dict[str, list], phases: list[list]) -> None:
+    """Time every top-level SQL statement of every connection dagsync opens.
+
+    Totals per statement text go into ``sql_time`` ({sql: [ns, count]}), and
+    each statement's time is added to the phase running when it ended (the
+    last entry of ``phases``: [name, start, sql_ns, sleep_s]). Time dagsync
+    spends in ``time.sleep`` (its polite pauses after commits) is added to
+    the phase too. A
+    watchdog thread also logs any statement still running after 10 s (SQLite
+    runs without the GIL), so a run that never finishes still says where it is.
+    """
+    import threading
+
+    import apsw
+
+    running: dict[int, tuple[str, float]] = {}
+
+    def trace(event: dict) -> None:
+        if event.get("trigger"):
+            return
+        if event["code"] == apsw.SQLITE_TRACE_STMT:
+            running[event["id"]] = (event["sql"], time.perf_counter())
+        elif event["code"] == apsw.SQLITE_TRACE_PROFILE:
+            running.pop(event["id"], None)
+            key = " ".join(event["sql"].split())
+            entry = sql_time.setdefault(key, [0, 0])
+            entry[0] += event["nanoseconds"]
+            entry[1] += 1
+            phases[-1][2] += event["nanoseconds"]
+
+    apsw.connection_hooks.append(
+        lambda conn: conn.trace_v2(apsw.SQLITE_TRACE_STMT | apsw.SQLITE_TRACE_PROFILE, trace)
+    )
+
+    def watchdog() -> None:
+        last = time.perf_counter()
+        while True:
+            time.sleep(10)
+            now = time.perf_counter()
+            for sql, since in list(running.values()):
+                if now - since > 10:
+                    log(f"    still running after {now - since:.0f}s: {' '.join(sql.split())[:400]}")
+            if now - last >= 60:
+                # Where the time has gone so far: a long run of short statements shows here.
+                last = now
+                count = sum(n for _, n in list(sql_time.values()))
+                top = max(list(sql_time.items()), key=lambda kv: kv[1][0], default=None)
+                if top:
+                    log(
+                        f"    {count} statements so far; most time: {top[1][0] / 1e9:.1f}s "
+                        f"x{top[1][1]} {top[0][:300]}"
+                    )
+
+    threading.Thread(target=watchdog, daemon=True).start()
+
+    real_sleep = time.sleep
+    main_thread = threading.main_thread()
+
+    def counted_sleep(seconds: float) -> None:
+        if threading.current_thread() is main_thread:  # not the watchdog's own naps
+            phases[-1][3] += seconds
+        real_sleep(seconds)
+
+    time.sleep = counted_sleep  # this child only: dagsync calls time.sleep
 
 
 def peak_rss_mb() -> float:
@@ -277,11 +317,13 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_child(kind: str, target: Path, source: Path, statements: bool = False) -> dict:
+def run_child(kind: str, target: Path, source: Path, statements: bool = False, cache_mib: int | None = None) -> dict:
     """Run one measurement in a child process, so its peak memory is its own."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(target), str(source)]
     if statements:
         cmd.append("--statements")
+    if cache_mib:
+        cmd += ["--floor-cache-mib", str(cache_mib)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
@@ -296,7 +338,9 @@ def run_child(kind: str, target: Path, source: Path, statements: bool = False) -
 # -- one scale ---------------------------------------------------------------------------
 
 
-def bench_scale(data: Path, conversations: int, seed: int, keep: bool, statements: bool) -> dict:
+def bench_scale(
+    data: Path, conversations: int, seed: int, keep: bool, statements: bool, floor_cache_mib: int | None
+) -> dict:
     laptop1, laptop2, meta = ensure_family(data, conversations, seed)
     work = data / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -306,7 +350,7 @@ def bench_scale(data: Path, conversations: int, seed: int, keep: bool, statement
         warm(db)
 
     try:
-        return measure(laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements)
+        return measure(laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib)
     finally:
         if not keep:
             for db in (floor_db, merge_db):
@@ -316,11 +360,12 @@ def bench_scale(data: Path, conversations: int, seed: int, keep: bool, statement
 
 def measure(
     laptop1: Path, laptop2: Path, floor_db: Path, merge_db: Path, meta: dict, conversations: int, seed: int,
-    statements: bool,
+    statements: bool, floor_cache_mib: int | None,
 ) -> dict:  # fmt: skip
+    version = dagsync_version()
     log("floor: copy, then ATTACH + INSERT OR IGNORE ... SELECT * per table in one transaction")
     fresh_copy(laptop1, floor_db)
-    floor = run_child("floor", floor_db, laptop2)
+    floor = run_child("floor", floor_db, laptop2, cache_mib=floor_cache_mib)
     log(f"  {floor['seconds']:.2f}s")
 
     log("merge: copy, then dagsync.merge.merge(copy, [laptop-2.db])")
@@ -334,10 +379,12 @@ def measure(
     log(f"  {remerged['seconds']:.2f}s, peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows")
 
     result = {
+        # Which dagsync was measured; "A -> B" if it changed during the run.
+        "dagsync": version if dagsync_version() == version else f"{version} -> {dagsync_version()}",
         "conversations": conversations,
         "seed": seed,
         "databases": {name: {k: v for k, v in d.items() if k != "tables"} for name, d in meta["databases"].items()},
-        "alias_conflicts_removed": meta["alias_conflicts_removed"],
+        "floor_cache_mib": floor_cache_mib,  # None: SQLite's default (2 MiB)
         "floor_seconds": round(floor["seconds"], 3),
         "floor_peak_rss_mb": floor["peak_rss_mb"],
         "floor_inserted": floor["inserted"],
@@ -362,49 +409,50 @@ def mark(ok: bool) -> str:
     return "ok" if ok else "OVER"
 
 
-def print_scale(r: dict) -> None:
-    print(f"\n== {r['conversations']} conversations per family (seed {r['seed']})")
+def print_scale(r: dict, out=sys.stdout) -> None:
+    say = functools.partial(print, file=out)
+    say(f"\n== {r['conversations']} conversations per family (seed {r['seed']}), dagsync {r['dagsync']}")
     for name, d in r["databases"].items():
-        print(
+        say(
             f"  {name}: {d['rows']:,} rows ({d['messages']:,} messages, {d['calls']:,} calls, "
             f"{d['conversations']:,} conversations), {d['bytes'] / 2**20:,.0f} MiB"
         )
-    fixed = r["alias_conflicts_removed"]
-    if fixed:
-        print(
-            f"  removed from laptop-2.db before measuring: {len(fixed)} fragment_aliases row(s) naming another "
-            f"fragment than in laptop-1.db (generator alias-prefix collisions): "
-            + ", ".join(f["alias"] for f in fixed)
-        )
-    print()
-    print(f"  {'':<10} {'seconds':>9} {'x floor':>8} {'goal':>7} {'peak RSS MB':>12}")
-    print(f"  {'floor':<10} {r['floor_seconds']:>9.2f} {1.0:>8.2f} {'':>7} {r['floor_peak_rss_mb']:>12.1f}")
-    print(
+    say()
+    say(f"  {'':<10} {'seconds':>9} {'x floor':>8} {'goal':>7} {'peak RSS MB':>12}")
+    cache = f"page cache {r['floor_cache_mib']} MiB" if r["floor_cache_mib"] else "SQLite's default page cache"
+    say(
+        f"  {'floor':<10} {r['floor_seconds']:>9.2f} {1.0:>8.2f} {'':>7} {r['floor_peak_rss_mb']:>12.1f}   ({cache})"
+    )
+    say(
         f"  {'merge':<10} {r['merge_seconds']:>9.2f} {r['merge_ratio']:>8.2f} {'<=' + str(GOAL_MERGE):>7} "
         f"{r['merge_peak_rss_mb']:>12.1f}   time {mark(r['merge_ratio'] <= GOAL_MERGE)}, "
         f"memory {mark(r['merge_peak_rss_mb'] <= GOAL_RSS_MB)}"
     )
-    print(
+    say(
         f"  {'re-merge':<10} {r['remerge_seconds']:>9.2f} {r['remerge_ratio']:>8.2f} {'<=' + str(GOAL_REMERGE):>7} "
         f"{r['remerge_peak_rss_mb']:>12.1f}   time {mark(r['remerge_ratio'] <= GOAL_REMERGE)}, "
         f"memory {mark(r['remerge_peak_rss_mb'] <= GOAL_RSS_MB)}; wrote {r['remerge_written']} rows"
     )
-    print(f"  rows after: floor {r['rows_after']['floor']:,}, merge {r['rows_after']['merge']:,}")
-    print("\n  merge report (added / mapped / existing / updated / forked):")
+    say(f"  rows after: floor {r['rows_after']['floor']:,}, merge {r['rows_after']['merge']:,}")
+    say("\n  merge report (added / mapped / existing / updated / forked):")
     for name, t in r["merge"]["tables"].items():
         if any(t.values()):
-            print(
+            say(
                 f"    {name:<26} +{t['added']:<9,} mapped {t['mapped']:<8,} existing {t['existing']:<9,} "
                 f"updated {t['updated']:<6,} forked {t['forked']:,}"
             )
     for label, run in (("merge", r["merge"]), ("re-merge", r["remerge"])):
-        print(f"\n  {label} phases (seconds):")
-        for phase, seconds in sorted(run["phases"], key=lambda p: -p[1])[:12]:
-            print(f"    {seconds:>8.2f}  {phase}")
-        if "statements" in run:
-            print(f"  {label}: SQL {run['sql_seconds']:.2f}s of {run['seconds']:.2f}s; slowest statements:")
+        detail = "statements" in run
+        say(f"\n  {label} phases (seconds{'; of which SQL, sleeping' if detail else ''}):")
+        for phase, seconds, sql, slept in sorted(run["phases"], key=lambda p: -p[1])[:12]:
+            say(f"    {seconds:>8.2f}" + (f" {sql:>8.2f} {slept:>6.2f}" if detail else "") + f"  {phase}")
+        if detail:
+            say(
+                f"  {label}: SQL {run['sql_seconds']:.2f}s, sleeping {run['sleep_seconds']:.2f}s "
+                f"of {run['seconds']:.2f}s; slowest statements:"
+            )
             for s in run["statements"][:10]:
-                print(f"    {s['seconds']:>8.2f}s x{s['count']:<5} {s['sql'][:160]}")
+                say(f"    {s['seconds']:>8.2f}s x{s['count']:<5} {s['sql'][:160]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,13 +471,17 @@ def main(argv: list[str] | None = None) -> int:
         "--statements", action="store_true",
         help="time every SQL statement of the merge (apsw set_profile) and show the slowest",
     )  # fmt: skip
+    parser.add_argument(
+        "--floor-cache-mib", type=int,
+        help="give the floor's connection this page cache (dagsync's target uses its own; default: SQLite's 2 MiB)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:  # internal: one measurement, `--child floor|merge TARGET SOURCE`
         kind, target, source = args.child
         if kind == "floor":
-            out = child_floor(target, source)
+            out = child_floor(target, source, args.floor_cache_mib)
         else:
             out = child_merge(target, source, args.statements)
         json.dump(out, sys.stdout)
@@ -442,21 +494,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scales = [args.conversations]
     args.data.mkdir(parents=True, exist_ok=True)
-    results = [bench_scale(args.data, n, args.seed, args.keep, args.statements) for n in scales]
+    results = [
+        bench_scale(args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib) for n in scales
+    ]
     if args.json:
         json.dump({"python": sys.version.split()[0], "results": results}, sys.stdout, indent=2)
         print()
-        return 0
+    # With --json the tables go to stderr, so stdout stays one JSON document.
+    out = sys.stderr if args.json else sys.stdout
     for r in results:
-        print_scale(r)
+        print_scale(r, out)
     if len(results) > 1:
-        print("\n== peak RSS by scale (MB): should stay flat")
+        print("\n== peak RSS by scale (MB): should stay flat", file=out)
         for r in results:
             rows = max(d["rows"] for d in r["databases"].values())
             print(
                 f"  {r['conversations']:>8,} conversations, {rows:>10,} rows/db: "
                 f"merge {r['merge_peak_rss_mb']:>7.1f}  re-merge {r['remerge_peak_rss_mb']:>7.1f}  "
-                f"floor {r['floor_peak_rss_mb']:>7.1f}"
+                f"floor {r['floor_peak_rss_mb']:>7.1f}",
+                file=out,
             )
     return 0
 
