@@ -109,15 +109,29 @@ def fresh_copy(src: Path, dst: Path) -> None:
     os.sync()
 
 
+# The benchmark runs on either format: generator, directory prefix, file names.
+FORMAT = "dag"
+
+
+def machine_files(out: Path) -> tuple[Path, Path]:
+    if FORMAT == "llm":
+        return out / "machine-1.db", out / "machine-2.db"
+    return out / "laptop-1.db", out / "laptop-2.db"
+
+
 def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path, dict]:
     """The two databases for a scale, generated once and then reused."""
-    out = data / f"merge-family-seed{seed}-n{conversations}"
+    prefix = "merge-llm-family" if FORMAT == "llm" else "merge-family"
+    out = data / f"{prefix}-seed{seed}-n{conversations}"
     meta_path = out / "meta.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         log(f"reusing {out} (generated in {meta['generate_seconds']:.1f}s)")
-        return out / "laptop-1.db", out / "laptop-2.db", meta
-    from fixtures import family
+        return *machine_files(out), meta
+    if FORMAT == "llm":
+        from fixtures import family_llm as family
+    else:
+        from fixtures import family
 
     building = data / f".building-{out.name}"
     shutil.rmtree(building, ignore_errors=True)
@@ -148,7 +162,7 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
     shutil.rmtree(out, ignore_errors=True)
     building.rename(out)
     log(f"generated in {seconds:.1f}s")
-    return out / "laptop-1.db", out / "laptop-2.db", meta
+    return *machine_files(out), meta
 
 
 # -- children: one measurement each ---------------------------------------------------
@@ -157,8 +171,10 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
 def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
     import apsw
 
-    from dagsync.formats.dag import DAG
+    from dagsync.db import open_source
 
+    with open_source(source) as checked:  # only to learn the format's tables
+        fmt = checked.format
     conn = apsw.Connection(target)
     if cache_mib:
         conn.execute(f"PRAGMA cache_size = -{cache_mib * 1024}")
@@ -168,7 +184,7 @@ def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
     present = {name for (name,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
     inserted = {}
     conn.execute("BEGIN")
-    for table in DAG.merge_order:
+    for table in fmt.merge_order:
         if table.name not in present:
             continue
         conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM src."{table.name}"')
@@ -459,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data", help="cache of generated databases")
     parser.add_argument(
+        "--format", choices=("dag", "llm"), default="dag",
+        help="generate dag-format laptops (default) or llm 0.36 logs.db files (benchmarks/merge_llm.py)",
+    )  # fmt: skip
+    parser.add_argument(
         "--conversations", type=int, default=DEFAULT_CONVERSATIONS,
         help=f"conversations per family (default {DEFAULT_CONVERSATIONS}: >= 1M rows per database)",
     )  # fmt: skip
@@ -478,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    global FORMAT
+    FORMAT = args.format
     if args.child:  # internal: one measurement, `--child floor|merge TARGET SOURCE`
         kind, target, source = args.child
         if kind == "floor":
