@@ -305,8 +305,9 @@ class _SourceMerge:
         # a link row), and reads from writes.
         pacer = _Pacer(MAX_WRITE_CHUNK if writes else MAX_READ_CHUNK)
         bound = ""
-        if schema_table.startswith("src.") and schema_table[4:].strip('"') in self.bounds:
-            bound = f" AND {column} <= {int(self.bounds[schema_table[4:].strip(chr(34))])}"
+        source_table = schema_table.removeprefix("src.").strip('"') if schema_table.startswith("src.") else None
+        if source_table in self.bounds:
+            bound = f" AND {column} <= {int(self.bounds[source_table])}"
         low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE 1{bound}")
         total = self.one(f"SELECT count(*) FROM {schema_table} WHERE 1{bound}") if phase else 0
         done = 0
@@ -445,11 +446,17 @@ class _SourceMerge:
         # and identity, is that row whatever its depth (its parent is there
         # too, by the same token). One bounded pass settles all of those - in
         # a re-merge, everything - and the levels below start from them.
-        for low, high in self.chunks("temp.src_msg", "rid"):
+        if table.key is Key.DAG_MESSAGE:
+            unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.{identity} IS s.hash"
+        else:
+            unchanged = "1"  # the hash covers the parent: the same hash is the same message
+        # In key order, so the lookups walk the target's key index in order too.
+        c.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
+        for low, high in self.chunks("temp.src_msg", "id"):
             c.execute(
                 f"INSERT INTO temp.msg_map SELECT s.id, s.id, s.parent_id, 0, {SAME} FROM temp.src_msg s "
-                f"JOIN main.messages t ON t.{key} = s.id WHERE s.rid BETWEEN ? AND ? "
-                f"AND coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.{identity} IS s.hash",
+                f"JOIN main.messages t ON t.{key} = s.id WHERE s.id BETWEEN ? AND ? AND {unchanged} "
+                "ORDER BY s.id",
                 (low, high),
             )
         c.execute(
@@ -461,14 +468,27 @@ class _SourceMerge:
         # "depth" counts rounds out from what is settled: a row's parent is
         # always settled a round before it, so round order is parents first.
         depth, done = 0, self.one("SELECT count(*) FROM temp.msg_map") - 1
+        # The first round starts from what is left unsettled (in a re-merge,
+        # nothing), not from everything settled so far; later rounds from the
+        # round before.
+        c.execute(
+            "CREATE TEMP TABLE unsettled AS SELECT s.id, s.parent_id, s.hash FROM temp.src_msg s "
+            "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id)"
+        )
         while True:
             c.execute("DELETE FROM temp.lvl")
-            c.execute(
-                "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
-                "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
-                "(SELECT src FROM temp.msg_map)",
-                (depth,),
-            )
+            if depth == 0:
+                c.execute(
+                    "INSERT INTO temp.lvl (src, p, hash) SELECT u.id, m.dst, u.hash FROM temp.unsettled u "
+                    "JOIN temp.msg_map m ON m.src = u.parent_id"
+                )
+            else:
+                c.execute(
+                    "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
+                    "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
+                    "(SELECT src FROM temp.msg_map)",
+                    (depth,),
+                )
             if self.changes() == 0:
                 break
             for low, high in self.chunks("temp.lvl"):
@@ -585,6 +605,10 @@ class _SourceMerge:
         name = table.name
         nk = self.natural_key(table)
         keys = _quoted(nk)
+        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
+        if self.unique_in_target(name, nk):
+            self.plan_integer_unique(table, nk)
+            return
         ranked = f"row_number() OVER (PARTITION BY {keys} ORDER BY id)"
         # The target's keys (and the source's, rewritten into the target's
         # terms) copied into indexed temp tables, read in bounded slices.
@@ -614,16 +638,42 @@ class _SourceMerge:
         same = " AND ".join(f't."{k}" IS s."{k}"' for k in nk)
         # A new row's placeholder (-seq) is below every real id, so nothing
         # that refers to it can match a target row until apply gives it an id.
-        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
         c.execute(
             f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT s.id, coalesce(m, -s.seq), m IS NULL FROM '
             f'(SELECT s.id, s.seq, (SELECT t.id FROM temp."tk_{name}" t WHERE {same} AND t.rnk = s.rnk) AS m '
             f'FROM temp."sk_{name}" s) s'
         )
+        self.count_integer(name)
+
+    def count_integer(self, name: str) -> None:
         counts = self.counts[name]
         counts.added = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE new')
         counts.mapped = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new AND dst != src')
         counts.existing = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE NOT new AND dst = src')
+
+    def unique_in_target(self, table: str, columns: tuple[str, ...]) -> bool:
+        """The target has a unique index on exactly these columns."""
+        for _, index, unique, *_ in list(self.conn.execute(f'SELECT * FROM main.pragma_index_list("{table}")')):
+            if unique and tuple(
+                row[2] for row in self.conn.execute("SELECT * FROM main.pragma_index_info(?)", (index,))
+            ) == tuple(columns):
+                return True
+        return False
+
+    def plan_integer_unique(self, table: Table, nk: tuple[str, ...]) -> None:
+        """A natural key the target keeps unique: look each source row up by it directly."""
+        name = table.name
+        low_id = self.one(f'SELECT coalesce(min(id), 0) FROM src."{name}"')
+        same = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in nk)
+        found = f'(SELECT t.id FROM main."{name}" t WHERE {same})'
+        for low, high in self.chunks(f'src."{name}"', "id"):
+            # Placeholders -1, -2, ... for new rows, below every real id.
+            self.conn.execute(
+                f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT id, coalesce(m, ? - 1 - id), m IS NULL '
+                f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s.id BETWEEN ? AND ?)',
+                (low_id, low, high),
+            )
+        self.count_integer(name)
 
     def plan_keyed(self, table: Table) -> None:
         """Text and composite keys: rows whose key is new are added; the rest are compared."""
@@ -660,10 +710,12 @@ class _SourceMerge:
 
     def is_new(self, table: Table) -> str:
         """SQL true for a source row ``s`` that apply will insert."""
+        # EXISTS, not IN (SELECT ...): SQLite then looks each row up, instead
+        # of walking the whole new-message list for every chunk.
         if table.key in MESSAGE_KEYS:
-            return f"s.{self.fmt.message_key} IN (SELECT src FROM temp.msg_new)"
+            return f"EXISTS (SELECT 1 FROM temp.msg_new n WHERE n.src = s.{self.fmt.message_key})"
         if table.owner is not None:
-            return f's."{table.owner[0]}" IN (SELECT src FROM temp.msg_new)'
+            return f'EXISTS (SELECT 1 FROM temp.msg_new n WHERE n.src = s."{table.owner[0]}")'
         if table.key is Key.INTEGER:
             return f'(SELECT new FROM temp."map_{table.name}" WHERE src = s.id)'
         return f'NOT EXISTS (SELECT 1 FROM main."{table.name}" t WHERE {self.key_match(table)})'
