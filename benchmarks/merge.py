@@ -360,8 +360,9 @@ def bench_scale(
     laptop1, laptop2, meta = ensure_family(data, conversations, seed)
     work = data / "work"
     work.mkdir(parents=True, exist_ok=True)
-    floor_db = work / f"floor-n{conversations}.db"
-    merge_db = work / f"merge-n{conversations}.db"
+    # The format is in the names, so merge.py and merge_llm.py can run side by side.
+    floor_db = work / f"floor-{FORMAT}-n{conversations}.db"
+    merge_db = work / f"merge-{FORMAT}-n{conversations}.db"
     for db in (laptop1, laptop2):
         warm(db)
 

@@ -307,7 +307,8 @@ class _SourceMerge:
         bound = ""
         source_table = schema_table.removeprefix("src.").strip('"') if schema_table.startswith("src.") else None
         if source_table in self.bounds:
-            bound = f" AND {column} <= {int(self.bounds[source_table])}"
+            # The snapshot bound is on the rowid, whatever column the chunks follow.
+            bound = f" AND rowid <= {int(self.bounds[source_table])}"
         low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE 1{bound}")
         total = self.one(f"SELECT count(*) FROM {schema_table} WHERE 1{bound}") if phase else 0
         done = 0
@@ -666,13 +667,23 @@ class _SourceMerge:
         low_id = self.one(f'SELECT coalesce(min(id), 0) FROM src."{name}"')
         same = " AND ".join(f't."{k}" IS {self.expr(table, k)}' for k in nk)
         found = f'(SELECT t.id FROM main."{name}" t WHERE {same})'
-        for low, high in self.chunks(f'src."{name}"', "id"):
+        # In natural-key order, so the lookups walk the target's unique index
+        # in order; chunks of equal first-key values stay together.
+        first = nk[0]
+        for low, high in self.chunks(f'src."{name}"', f'"{first}"'):
             # Placeholders -1, -2, ... for new rows, below every real id.
             self.conn.execute(
                 f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT id, coalesce(m, ? - 1 - id), m IS NULL '
-                f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s.id BETWEEN ? AND ?)',
-                (low_id, low, high),
+                f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s."{first}" BETWEEN ? AND ? '
+                f'AND s.id <= ? ORDER BY s."{first}")',
+                (low_id, low, high, self.bounds.get(name, 0)),
             )
+        # A NULL first key is in no range above.
+        self.conn.execute(
+            f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT id, coalesce(m, ? - 1 - id), m IS NULL '
+            f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s."{first}" IS NULL AND s.id <= ?)',
+            (low_id, self.bounds.get(name, 0)),
+        )
         self.count_integer(name)
 
     def plan_keyed(self, table: Table) -> None:
