@@ -897,8 +897,8 @@ class _SourceMerge:
         owned = [t for t in self.fmt.merge_order if t.owner and t.owner[1] == table.name and self.present(t)]
         for low, high in self.chunks("temp.msg_new", "seq", "copying messages", writes=True):
             with write_transaction(c):
-                # Parents first (msg_new is ordered by depth): every commit
-                # leaves each inserted message's parent in place.
+                # Parents first (msg_new's order, see plan_messages): every
+                # commit leaves each inserted message's parent in place.
                 c.execute(
                     f"INSERT INTO main.messages ({self.column_list(table)}) SELECT {select} "
                     f"FROM temp.msg_new n JOIN src.messages s ON s.{key} = n.src "
@@ -939,7 +939,7 @@ class _SourceMerge:
                             "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
                             "SELECT s.source_id, m.dst FROM src._dagsync_message_map s "
                             "JOIN temp.msg_map m ON m.src = s.target_id WHERE s.rowid BETWEEN ? AND ? "
-                            "AND NOT EXISTS (SELECT 1 FROM main.messages t WHERE t.id = s.source_id)",
+                            f"AND NOT EXISTS (SELECT 1 FROM main.messages t WHERE t.{key} = s.source_id)",
                             (low, high),
                         )
 
