@@ -27,6 +27,7 @@ from dagsync.errors import DagsyncError, MergeConflict
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
 from dagsync.sync import SyncReport, sync
+from dagsync.verify import VerifyReport, verify
 
 app = typer.Typer(
     help="Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI.",
@@ -292,6 +293,34 @@ def canonicalize_command(
 def click_command() -> click.Command:
     """The whole dagsync CLI as one click command, for ``llm dagsync``."""
     return typer.main.get_command(app)
+
+
+def _render_verify(r: VerifyReport) -> str:
+    if r.ok:
+        return f"{r.path}: ok ({r.format} format, {r.messages:,} messages; every check passed)"
+    lines = [f"{r.path}: {sum(r.counts.values()):,} problem(s) ({r.format} format, {r.messages:,} messages)"]
+    lines += [f"  {p}" for p in r.problems]
+    more = sum(r.counts.values()) - len(r.problems)
+    if more:
+        lines.append(f"  ... and {more:,} more")
+    return "\n".join(lines)
+
+
+@app.command("verify")
+@_reported
+def verify_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
+    """Check a database without writing to it: integrity, foreign keys, dangling
+    parents, cycles, every message re-hashed from its stored rows, duplicates.
+
+    Exits 1 when any problem is found. Works on a read-only file.
+    """
+    report = verify(db or default_database())
+    if as_json:
+        _print_json(report)
+    else:
+        typer.echo(_render_verify(report))
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -256,8 +256,11 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
             )
 
 
-def open_source(path: str | os.PathLike[str]) -> Database:
+def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Database:
     """Open a database read-only, as untrusted input, and check it before use.
+
+    ``quick_check=False`` is for ``verify``, which runs the full
+    ``integrity_check`` itself and reports what it finds.
 
     :raises NotADatabase: missing, empty, not SQLite, truncated or damaged.
     :raises UnsupportedDatabase: not an llm database, or one altered so that
@@ -271,7 +274,8 @@ def open_source(path: str | os.PathLike[str]) -> Database:
         raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
     try:
         _harden(conn)
-        _quick_check(conn, path)
+        if quick_check:
+            _quick_check(conn, path)
         fmt = detect_format(conn, path)
         check_tables(conn, path, fmt)
     except BaseException:

@@ -1,0 +1,345 @@
+"""verify: prove a database is whole, without writing to it.
+
+Read-only: the file is opened read-only (a read-only file works), and the
+only tables verify makes are in SQLite's temp database, never in the file.
+Each check returns problems naming the table, the key and what is wrong:
+
+* ``integrity_check`` - SQLite's own page-level check;
+* foreign keys - ``PRAGMA foreign_key_check``;
+* dangling parents - a message whose parent is not there;
+* cycles - messages that never lead back to a chain's start;
+* content - every message re-hashed from its stored rows: the dag format by
+  the spec's contract (``canonical.py``), the llm format by llm's own recipe
+  (fragments and attachments resolved, blake2b over parent and content);
+* duplicate identities - two dag messages with one ``(parent_id, content_hash)``,
+  two llm parts at one ``(message_hash, position)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+
+from dagsync.canonical import content_hash
+from dagsync.db import Database, open_source
+from dagsync.errors import HashContractError
+from dagsync.formats.dag import DAG
+from dagsync.message import Message
+from dagsync.store import part_from_row
+
+__all__ = ["Problem", "VerifyReport", "verify"]
+
+# Problems listed per check; the count says how many there were in all.
+SHOWN = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str
+    table: str
+    key: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.table} {self.key}: {self.what} [{self.check}]"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    path: str
+    format: str
+    messages: int
+    problems: tuple[Problem, ...]
+    # Problems per check, including any beyond the ones listed.
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(path: str | os.PathLike[str]) -> VerifyReport:
+    """Check ``path`` and return every problem found (an empty tuple: healthy).
+
+    :raises NotADatabase, UnsupportedDatabase: not a database verify can read
+        (it reports damage inside a database; it does not open one that is
+        not SQLite, or whose tables are views or carry foreign triggers).
+    """
+    with open_source(path, quick_check=False) as db:
+        checks = {
+            "integrity": _integrity,
+            "foreign keys": _foreign_keys,
+            "dangling parents": _dangling_parents,
+            "cycles": _cycles,
+            "duplicate identities": _duplicates,
+            "content": _rehash_dag if db.format is DAG else _rehash_llm,
+        }
+        problems: list[Problem] = []
+        counts: dict[str, int] = {}
+        for name, check in checks.items():
+            found = 0
+            try:
+                for problem in check(db):
+                    found += 1
+                    if found <= SHOWN:
+                        problems.append(problem)
+            except apsw.Error as exc:
+                # Damage bad enough to stop a check is itself the finding.
+                found += 1
+                problems.append(Problem(name, "database", "-", f"this check could not finish: {exc}"))
+            counts[name] = found
+        key = db.format.message_key
+        try:
+            messages = next(iter(db.conn.execute(f"SELECT count(*) FROM messages WHERE {key} != 'root'")))[0]
+        except apsw.Error:
+            messages = -1  # unreadable: the problems say why
+        return VerifyReport(str(db.path), db.format.name, messages, tuple(problems), counts)
+
+
+# -- the checks: each yields problems -------------------------------------------
+
+
+def _integrity(db: Database):
+    for (line,) in db.conn.execute("PRAGMA integrity_check"):
+        if line != "ok":
+            yield Problem("integrity", "database", "-", line)
+
+
+def _foreign_keys(db: Database):
+    for table, rowid, parent, _ in db.conn.execute("PRAGMA foreign_key_check"):
+        if table == "messages":
+            continue  # reported, with more to say, as a dangling parent
+        yield Problem("foreign keys", table, f"rowid {rowid}", f"refers to a {parent} row that does not exist")
+
+
+def _roots(db: Database) -> tuple[str, str, str]:
+    """(key column, parent column, SQL true for a chain's first message ``m``)."""
+    fmt = db.format
+    key, parent = fmt.message_key, fmt.parent_column
+    if fmt.root_id is not None:
+        return key, parent, f"m.{parent} = '{fmt.root_id}' AND m.{key} != '{fmt.root_id}'"
+    return key, parent, f"m.{parent} IS NULL"
+
+
+def _dangling_parents(db: Database):
+    key, parent, starts = _roots(db)
+    for mid, pid in db.conn.execute(
+        f"SELECT m.{key}, m.{parent} FROM messages m WHERE NOT ({starts}) AND m.{key} != 'root' "
+        f"AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.{key} = m.{parent})"
+    ):
+        yield Problem("dangling parents", "messages", mid, f"its parent {pid} does not exist")
+
+
+def _cycles(db: Database):
+    """Messages that are not reached from any chain start and are not below a
+    dangling parent: their parent links go round in a circle."""
+    key, parent, starts = _roots(db)
+    c = db.conn
+    c.execute("DROP TABLE IF EXISTS temp.verify_reached")
+    c.execute("CREATE TEMP TABLE verify_reached (id TEXT PRIMARY KEY) WITHOUT ROWID")
+    # Walking down from the starts and up from dangling parents' children
+    # covers every message not on a cycle.
+    c.execute(
+        f"WITH RECURSIVE down(id) AS (SELECT m.{key} FROM messages m WHERE {starts} "
+        f"UNION SELECT m.{key} FROM messages m JOIN down ON m.{parent} = down.id) "
+        "INSERT OR IGNORE INTO temp.verify_reached SELECT id FROM down"
+    )
+    c.execute(
+        f"WITH RECURSIVE down(id) AS (SELECT m.{key} FROM messages m WHERE m.{parent} IS NOT NULL "
+        f"AND m.{key} != 'root' AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.{key} = m.{parent}) "
+        f"UNION SELECT m.{key} FROM messages m JOIN down ON m.{parent} = down.id) "
+        "INSERT OR IGNORE INTO temp.verify_reached SELECT id FROM down"
+    )
+    try:
+        for mid, pid in c.execute(
+            f"SELECT {key}, {parent} FROM messages WHERE {key} != 'root' "
+            f"AND {key} NOT IN (SELECT id FROM temp.verify_reached)"
+        ):
+            yield Problem("cycles", "messages", mid, f"is on a cycle of parent links (its parent is {pid})")
+    finally:
+        c.execute("DROP TABLE IF EXISTS temp.verify_reached")
+
+
+def _duplicates(db: Database):
+    if db.format is DAG:
+        for pid, digest, n, ids in db.conn.execute(
+            "SELECT parent_id, content_hash, count(*), group_concat(id, ', ') FROM messages "
+            "WHERE id != 'root' GROUP BY parent_id, content_hash HAVING count(*) > 1"
+        ):
+            yield Problem(
+                "duplicate identities", "messages", ids,
+                f"{n} messages share parent {pid} and content_hash {digest[:12]}; "
+                "`dagsync canonicalise` collapses them",
+            )  # fmt: skip
+    else:
+        for message, position, n in db.conn.execute(
+            "SELECT message_hash, position, count(*) FROM parts GROUP BY message_hash, position HAVING count(*) > 1"
+        ):
+            yield Problem("duplicate identities", "parts", f"{message} #{position}", f"{n} parts at one position")
+
+
+def _rehash_dag(db: Database):
+    """Every message's parts, read back, hash to its content_hash (the spec's contract)."""
+    rows = db.conn.execute(
+        "SELECT m.id, m.role, m.provider_metadata_json, m.content_hash, p.part_type, p.content, "
+        'p.content_json, p.tool_call_id, p.server_executed FROM messages m LEFT JOIN message_parts p '
+        'ON p.message_id = m.id WHERE m.id != \'root\' ORDER BY m.id, p."order"'
+    )
+    current: list[Any] | None = None
+    for mid, role, pm, stored, *part in rows:
+        if current is None or current[0] != mid:
+            if current is not None:
+                yield from _check_dag(*current)
+            current = [mid, role, pm, stored, []]
+        if part[0] is not None:
+            current[4].append(part)
+    if current is not None:
+        yield from _check_dag(*current)
+
+
+def _check_dag(mid: str, role: str, pm: str | None, stored: str, parts: list):
+    try:
+        message = Message(
+            role=role,
+            parts=tuple(part_from_row(*p) for p in parts),
+            provider_metadata=json.loads(pm) if pm else None,
+        )
+        digest = content_hash(message)
+    except (ValueError, HashContractError) as exc:
+        yield Problem("content", "messages", mid, f"its parts cannot be read back: {exc}")
+        return
+    if digest != stored:
+        yield Problem(
+            "content", "messages", mid,
+            f"its parts hash to {digest[:12]}, not its content_hash {stored[:12]} (a part was "
+            "changed, lost, or written by the DAG branch's lossy mapping)",
+        )  # fmt: skip
+
+
+# -- the llm format's own hash, as llm 0.36 computes it (llm/logs.py) ----------------
+
+_LLM_KEEP = {
+    # part type -> the keys llm's Part.to_dict writes, and when
+    "text": ("text",),
+    "reasoning": ("text", "redacted"),
+    "tool_call": ("name", "arguments", "tool_call_id", "server_executed"),
+    "tool_result": ("name", "output", "tool_call_id", "server_executed", "exception", "attachments"),
+    "attachment": ("attachment",),
+}
+
+
+def _llm_part(payload: dict[str, Any], attachments: dict[str, dict]) -> dict[str, Any]:
+    """llm's ``Part.to_dict()`` of a stored part, attachments as hashed (id and type)."""
+    kind = payload["type"]
+    d: dict[str, Any] = {"type": kind}
+    for k in _LLM_KEEP.get(kind, ()):
+        if k not in payload:
+            continue
+        value = payload[k]
+        if k in ("redacted", "server_executed") and not value:
+            continue
+        if k in ("tool_call_id", "exception") and value is None:
+            continue
+        if k == "attachment":
+            value = attachments[value["id"]]
+        if k == "attachments":
+            if not value:
+                continue
+            value = [attachments[ref["id"]] for ref in value]
+        d[k] = value
+    if kind in ("text", "reasoning") and "text" not in d:
+        d["text"] = ""
+    if payload.get("provider_metadata"):
+        d["provider_metadata"] = payload["provider_metadata"]
+    return d
+
+
+def _llm_attachment(row: tuple) -> dict[str, Any]:
+    """llm's ``_canonical_attachment``: content identity plus the stored type."""
+    att_id, att_type, att_path, url, content = row
+    if content:
+        content_id = hashlib.sha256(content).hexdigest()
+    elif att_path:
+        try:
+            with open(att_path, "rb") as f:
+                content_id = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            content_id = f"missing:{att_path}"
+    else:
+        content_id = hashlib.sha256(json.dumps({"url": url}).encode("utf-8")).hexdigest()
+    return {"id": content_id, "type": att_type}
+
+
+def _llm_hash(message: dict[str, Any], parent: str | None) -> str:
+    canonical = json.dumps({"parent": parent, "message": message}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "b2:" + hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _rehash_llm(db: Database):
+    conn = db.conn
+    fragment = lambda fid: next(iter(conn.execute("SELECT content FROM fragments WHERE id = ?", (fid,))), (None,))[0]  # noqa: E731
+    attachment_row = lambda aid: next(  # noqa: E731
+        iter(conn.execute("SELECT id, type, path, url, content FROM attachments WHERE id = ?", (aid,))), None
+    )
+    rows = conn.execute(
+        "SELECT m.hash, m.parent_hash, m.role, m.provider_metadata, p.type, p.text, p.payload "
+        "FROM messages m LEFT JOIN parts p ON p.message_hash = m.hash ORDER BY m.hash, p.position"
+    )
+    current: list[Any] | None = None
+    for mhash, parent, role, pm, ptype, text, payload in rows:
+        if current is None or current[0] != mhash:
+            if current is not None:
+                yield from _check_llm(current, fragment, attachment_row)
+            current = [mhash, parent, role, pm, []]
+        if ptype is not None:
+            current[4].append((ptype, text, payload))
+    if current is not None:
+        yield from _check_llm(current, fragment, attachment_row)
+
+
+def _check_llm(current: list, fragment, attachment_row):
+    mhash, parent, role, pm, parts = current
+    try:
+        dicts = []
+        for ptype, text, payload in parts:
+            d = json.loads(payload) if payload else {}
+            d["type"] = ptype
+            if text is not None:
+                d["text"] = text
+            pieces = d.pop("text_ref", None)
+            if pieces is not None:
+                resolved = []
+                for piece in pieces:
+                    if "literal" in piece:
+                        resolved.append(piece["literal"])
+                    else:
+                        content = fragment(piece["fragment"])
+                        if content is None:
+                            raise LookupError(f"fragment {piece['fragment']} it borrows text from is missing")
+                        resolved.append(content)
+                d["text"] = "".join(resolved)
+            ids = [d["attachment"]["id"]] if ptype == "attachment" and "attachment" in d else [
+                ref["id"] for ref in d.get("attachments") or ()
+            ]  # fmt: skip
+            attachments = {}
+            for aid in ids:
+                row = attachment_row(aid)
+                if row is None:
+                    raise LookupError(f"attachment {aid} it refers to is missing")
+                attachments[aid] = _llm_attachment(row)
+            dicts.append(_llm_part(d, attachments))
+        message: dict[str, Any] = {"role": role, "parts": dicts}
+        metadata = json.loads(pm) if pm else None
+        if metadata:
+            message["provider_metadata"] = metadata
+    except (LookupError, ValueError, KeyError, TypeError) as exc:
+        yield Problem("content", "messages", mhash, f"its parts cannot be read back: {exc}")
+        return
+    digest = _llm_hash(message, parent)
+    if digest != mhash:
+        yield Problem("content", "messages", mhash, f"its parts and parent hash to {digest}, not to its own hash")
