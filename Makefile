@@ -31,11 +31,15 @@ demo: $(VENV)/.installed
 	@$(BIN)/dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db
 	@echo; echo "== merging again writes nothing"
 	@$(BIN)/dagsync merge $(DEMO)/merged.db $(DEMO)/laptop-1.db $(DEMO)/laptop-2.db
+	@echo; echo "== dagsync verify $(DEMO)/merged.db"
+	@$(BIN)/dagsync verify $(DEMO)/merged.db
 	@echo; echo "== dagsync stats $(DEMO)/merged.db"
 	@$(BIN)/dagsync stats $(DEMO)/merged.db
 	@echo; echo "== the llm 0.36 format: two machines' logs.db, merged"
 	$(BIN)/python -m fixtures llm $(DEMO)/llm --family --seed 7 --machines 2 --conversations 300
 	@$(BIN)/dagsync merge $(DEMO)/llm/merged.db $(DEMO)/llm/machine-1.db $(DEMO)/llm/machine-2.db
+	@echo; echo "== dagsync verify $(DEMO)/llm/merged.db"
+	@$(BIN)/dagsync verify $(DEMO)/llm/merged.db
 	@echo; echo "== dagsync stats $(DEMO)/llm/merged.db"
 	@$(BIN)/dagsync stats $(DEMO)/llm/merged.db
 
