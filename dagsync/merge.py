@@ -473,10 +473,16 @@ class _SourceMerge:
         # nothing), not from everything settled so far; later rounds from the
         # round before.
         c.execute(
-            "CREATE TEMP TABLE unsettled AS SELECT s.id, s.parent_id, s.hash FROM temp.src_msg s "
+            "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
             "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id)"
         )
-        while True:
+        settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
+        if settled:
+            # Keyed by identity: what the target lacks is new, as itself, and
+            # the source's order already puts parents first. No rounds needed
+            # (the rounds are also what name a dangling parent or a cycle).
+            c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled")
+        while not settled:
             c.execute("DELETE FROM temp.lvl")
             if depth == 0:
                 c.execute(
@@ -574,6 +580,19 @@ class _SourceMerge:
                 counts.mapped = n
             else:
                 counts.existing = n
+
+    def all_new_in_order(self) -> bool:
+        """Every unsettled message's parent is settled or unsettled-and-earlier in
+        the source: no dangling parent, no cycle, and source order is parents first."""
+        c = self.conn
+        c.execute("CREATE INDEX temp.unsettled_id ON unsettled (id)")
+        out_of_order = self.one(
+            "SELECT count(*) FROM temp.unsettled u WHERE u.parent_id != ? "
+            "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.parent_id) "
+            "AND NOT EXISTS (SELECT 1 FROM temp.unsettled p WHERE p.id = u.parent_id AND p.rid < u.rid)",
+            (TOP,),
+        )
+        return out_of_order == 0
 
     def plan_owned(self, table: Table) -> None:
         """Rows that travel with their owner: counted for new owners, checked for clashes."""

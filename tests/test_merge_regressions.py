@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dagsync.errors import UnsupportedDatabase
+from dagsync.errors import DamagedSource, UnsupportedDatabase
 from dagsync.merge import merge
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore
@@ -208,3 +208,42 @@ class TestRefusals:
             f"{src}: 'tool_instances.id' is not an INTEGER PRIMARY KEY as llm makes it; "
             "dagsync refused the file without reading it"
         )
+
+
+class TestLlmFormatDamage:
+    """Hash-keyed messages skip the mapping rounds when nothing is odd; damage must still be named."""
+
+    def llm_file(self, path: Path, rows: list[tuple[str, str | None]]) -> Path:
+        import apsw
+
+        from dagsync.formats.llm import LLM
+
+        conn = apsw.Connection(str(path))
+        conn.execute(LLM.schema_sql)
+        conn.executemany("INSERT INTO _llm_migrations VALUES (?, 'x')", [(m,) for m in LLM.migrations])
+        conn.executemany("INSERT INTO messages (hash, parent_hash, role) VALUES (?, ?, 'user')", rows)
+        conn.close()
+        return path
+
+    def test_a_dangling_parent(self, tmp_path):
+        src = self.llm_file(tmp_path / "s.db", [("b2:a", None), ("b2:orphan", "b2:gone")])
+        with pytest.raises(DamagedSource, match="a parent that does not exist; for example message b2:orphan"):
+            merge(tmp_path / "t.db", [src])
+
+    def test_a_cycle(self, tmp_path):
+        src = self.llm_file(tmp_path / "s.db", [("b2:x", "b2:y"), ("b2:y", "b2:x")])
+        with pytest.raises(DamagedSource, match="a cycle in the parent links"):
+            merge(tmp_path / "t.db", [src])
+
+    def test_children_stored_before_their_parents(self, tmp_path):
+        src = self.llm_file(tmp_path / "s.db", [("b2:child", "b2:parent"), ("b2:parent", None)])
+        merge(tmp_path / "t.db", [src])
+        assert integrity_llm(tmp_path / "t.db") == []
+
+
+def integrity_llm(path: Path) -> list:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(
+            "SELECT hash FROM messages m WHERE parent_hash IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM messages p WHERE p.hash = m.parent_hash)"
+        ).fetchall()
