@@ -776,10 +776,21 @@ class _SourceMerge:
         if checks:
             failing = " OR ".join(f for _, _, f, _ in checks)
             values = ", ".join(f's."{col}", {f}' for col, _, f, _ in checks)
-            for low, high in self.chunks(f'src."{table.name}"'):
+            if table.owner is not None:
+                # Only the rows of new messages are copied: walk those alone.
+                rows, slices = (
+                    f'temp.msg_new n JOIN src."{table.name}" s ON s."{table.owner[0]}" = n.src '
+                    "WHERE n.seq BETWEEN ? AND ?",
+                    self.chunks("temp.msg_new", "seq"),
+                )
+            else:
+                rows, slices = (
+                    f'src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {self.is_new(table)}',
+                    self.chunks(f'src."{table.name}"'),
+                )
+            for low, high in slices:
                 for row in self.conn.execute(
-                    f'SELECT {values} FROM src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? '
-                    f"AND {self.is_new(table)} AND ({failing}) LIMIT 1",
+                    f"SELECT {values} FROM {rows} AND ({failing}) LIMIT 1",
                     (low, high),
                 ):
                     for i, (column, ref, _, why) in enumerate(checks):
