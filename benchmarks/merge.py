@@ -197,7 +197,6 @@ def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
 
 
 def child_merge(target: str, source: str, statements: bool) -> dict:
-    import apsw
 
     import dagsync
     from dagsync.merge import merge

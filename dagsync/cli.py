@@ -26,7 +26,7 @@ from dagsync.canonicalise import CanonicaliseReport, canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
-from dagsync.sync import SyncReport, sync
+from dagsync.sync import sync
 from dagsync.verify import VerifyReport, verify
 
 app = typer.Typer(

@@ -63,7 +63,8 @@ def _no_empty_metadata(value: object) -> None:
         object.__setattr__(value, "provider_metadata", None)
 
 
-def _with_metadata(d: dict[str, Any], provider_metadata: dict | None) -> dict:
+def with_metadata(d: dict[str, Any], provider_metadata: dict | None) -> dict:
+    """``d`` with ``provider_metadata`` added when it is non-empty (llm's dict layout)."""
     if provider_metadata:
         d["provider_metadata"] = provider_metadata
     return d
@@ -79,7 +80,7 @@ class TextPart:
         _no_empty_metadata(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return _with_metadata({"type": "text", "text": self.text}, self.provider_metadata)
+        return with_metadata({"type": "text", "text": self.text}, self.provider_metadata)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class ReasoningPart:
             d["redacted"] = True
         if self.token_count is not None:
             d["token_count"] = self.token_count
-        return _with_metadata(d, self.provider_metadata)
+        return with_metadata(d, self.provider_metadata)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class ToolCallPart:
             d["tool_call_id"] = self.tool_call_id
         if self.server_executed:
             d["server_executed"] = True
-        return _with_metadata(d, self.provider_metadata)
+        return with_metadata(d, self.provider_metadata)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class ToolResultPart:
             d["exception"] = self.exception
         if self.attachments:
             d["attachments"] = [a.to_dict() for a in self.attachments]
-        return _with_metadata(d, self.provider_metadata)
+        return with_metadata(d, self.provider_metadata)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class AttachmentPart:
         d: dict[str, Any] = {"type": "attachment"}
         if self.attachment is not None:
             d["attachment"] = self.attachment.to_dict()
-        return _with_metadata(d, self.provider_metadata)
+        return with_metadata(d, self.provider_metadata)
 
 
 Part = Union[TextPart, ReasoningPart, ToolCallPart, ToolResultPart, AttachmentPart]
@@ -228,7 +229,7 @@ class Message:
         _no_empty_metadata(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return _with_metadata(
+        return with_metadata(
             {"role": self.role, "parts": [p.to_dict() for p in self.parts]},
             self.provider_metadata,
         )

@@ -40,6 +40,7 @@ from dagsync.message import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    with_metadata,
 )
 
 __all__ = ["MessageStore", "UlidFactory", "iso_now", "part_from_row", "part_row", "ROOT"]
@@ -89,12 +90,6 @@ def _json(d: dict[str, Any] | None) -> str | None:
     return None if d is None else json.dumps(d)
 
 
-def _with_pm(d: dict[str, Any], pm: dict[str, Any] | None) -> dict[str, Any]:
-    if pm:
-        d["provider_metadata"] = pm
-    return d
-
-
 def part_row(part: Part) -> PartRow:
     """``(part_type, content, content_json, tool_call_id, server_executed)`` for a part."""
     if isinstance(part, TextPart):
@@ -106,23 +101,23 @@ def part_row(part: Part) -> PartRow:
         # losing a count of 0; we write them whenever either is set.
         if part.redacted or part.token_count is not None:
             d = {"redacted": part.redacted, "token_count": part.token_count}
-        d = _with_pm(d, part.provider_metadata)
+        d = with_metadata(d, part.provider_metadata)
         return ("reasoning", part.text, _json(d or None), None, None)
     if isinstance(part, ToolCallPart):
-        d = _with_pm({"name": part.name, "arguments": part.arguments}, part.provider_metadata)
+        d = with_metadata({"name": part.name, "arguments": part.arguments}, part.provider_metadata)
         return ("tool_call", None, _json(d), part.tool_call_id, int(part.server_executed))
     if isinstance(part, ToolResultPart):
         d = {"name": part.name, "exception": part.exception}
         if part.attachments:  # the branch drops these; the hash needs them
             d["attachments"] = [a.to_dict() for a in part.attachments]
-        d = _with_pm(d, part.provider_metadata)
+        d = with_metadata(d, part.provider_metadata)
         return ("tool_result", part.output, _json(d), part.tool_call_id, int(part.server_executed))
     if isinstance(part, AttachmentPart):
         if part.attachment is None:
             d = {"attachment": None} if part.provider_metadata else {}
         else:
             d = part.attachment.to_dict()
-        d = _with_pm(d, part.provider_metadata)
+        d = with_metadata(d, part.provider_metadata)
         # An attachment that is present stores its dict even when it is empty.
         stored = _json(d) if part.attachment is not None or d else None
         return ("attachment", None, stored, None, None)

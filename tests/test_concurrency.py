@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from dagsync.merge import merge
 from fixtures import family

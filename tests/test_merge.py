@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sqlite3
 from pathlib import Path
 
-import apsw
 import pytest
 
 from dagsync.errors import DamagedSource, MergeConflict, NotADatabase, UnsupportedDatabase
 from dagsync.merge import merge
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore
-from fixtures import family, generate
+from fixtures import family
 from tests.history import conversation_chains, contains, integrity, logical, message_paths, union_of
 
 
@@ -282,7 +280,6 @@ class TestForks:
                 store.advance_conversation(conversation, store.save_chain([Message("assistant", [TextPart(answer)])], head))
         report = merge(a, [b])
         assert report.sources[0].table("conversations").forked == 1
-        chains = conversation_chains(a)
         with sqlite3.connect(a) as conn:
             (fork, name) = conn.execute("SELECT id, name FROM conversations WHERE id != ?", (conversation,)).fetchone()
         assert name == "plans (diverged on b.db)"
