@@ -19,7 +19,10 @@ from fixtures import family_llm  # noqa: E402
 
 
 def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
-    machines = [r.path for r in family_llm(tmp_path / "fam", seed=71, machines=2, conversations=7000)]
+    # Several sources, merged one after another until enough prompts ran
+    # entirely inside a merge: a fast machine merges one in ~3 s, and the
+    # test must not depend on how fast this machine is.
+    machines = [r.path for r in family_llm(tmp_path / "fam", seed=71, machines=5, conversations=7000)]
     user_dir = tmp_path / "llm"
     user_dir.mkdir()
     target = user_dir / "logs.db"
@@ -51,18 +54,25 @@ def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
     for prompter in prompters:
         prompter.start()
     time.sleep(1.0)  # llm is already writing when the merge starts
-    started = time.perf_counter()
-    report = merge(target, [machines[1]])
-    took = time.perf_counter() - started
+    windows: list[tuple[float, float]] = []
+
+    def inside_a_merge() -> list[str]:
+        return [p for p, began, ended in sent if any(began > start and ended < end for start, end in windows)]
+
+    for source in machines[1:]:
+        started = time.perf_counter()
+        report = merge(target, [source])
+        windows.append((started, time.perf_counter()))
+        assert report.sources[0].table("messages").added > 0
+        if len(inside_a_merge()) >= 3:
+            break
     time.sleep(1.0)
     done.set()
     for prompter in prompters:
         prompter.join()
     assert failures == [], failures[0]
-    assert report.sources[0].table("messages").added > 0
-    finished = started + took
-    during = [p for p, began, ended in sent if began > started and ended < finished]
-    assert len(during) >= 3, f"only {len(during)} prompts ran inside the {took:.1f}s merge"
+    merging = sum(end - start for start, end in windows)
+    assert len(inside_a_merge()) >= 3, f"only {len(inside_a_merge())} prompts ran inside {merging:.1f}s of merging"
     listed = json.loads(
         subprocess.run(
             [sys.executable, "-m", "llm", "logs", "list", "--json", "-n", "0"], env=env,
