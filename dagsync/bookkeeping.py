@@ -28,6 +28,15 @@ CREATE TABLE IF NOT EXISTS _dagsync_forks (
     fork_key TEXT NOT NULL,
     PRIMARY KEY (pointer_table, key, head)
 );
+-- When gc first found a row unreachable (a message with no time of its own)
+-- or unreferenced (a shared row such as a fragment): gc deletes it only once
+-- the grace period has passed since. A row reachable again is dropped from here.
+CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    first_seen REAL NOT NULL,  -- unix time
+    PRIMARY KEY (tbl, key)
+);
 """
 
 

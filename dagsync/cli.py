@@ -24,6 +24,7 @@ import typer
 from dagsync import __version__
 from dagsync.canonicalise import CanonicaliseReport, canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
+from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
 from dagsync.sync import sync
@@ -321,6 +322,79 @@ def verify_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
         typer.echo(_render_verify(report))
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _render_gc(r: GcReport) -> str:
+    verb = "would delete" if r.dry_run else "deleted"
+    grace = _duration(r.grace_seconds)
+    lines = [
+        f"{r.path}: {verb} {r.deleted:,} row(s), {_human_bytes(r.deleted_bytes)} "
+        f"({r.format} format, grace {grace}, {r.seconds:.1f}s)",
+        f"  messages: {r.reachable:,} reachable from {r.roots:,} root(s), {r.unreachable:,} unreachable, "
+        f"{r.kept_by_grace:,} of those kept by the grace period",
+    ]
+    for t in r.tables:
+        if t.deleted or t.waiting:
+            bits = [f"{t.deleted:,} {verb} ({_human_bytes(t.bytes)})"] if t.deleted else []
+            if t.waiting:
+                bits.append(f"{t.waiting:,} waiting out the grace period")
+            lines.append(f"    {t.table:<18} {', '.join(bits)}")
+    if r.kept_as_new:
+        lines.append(f"  kept {r.kept_as_new:,} message(s) that became reachable while gc ran")
+    if r.vacuum:
+        v = r.vacuum
+        lines.append(f"  vacuum ({v.mode}): {_human_bytes(v.bytes_before)} -> {_human_bytes(v.bytes_after)}")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+@app.command("gc")
+@_reported
+def gc_command(
+    db: DbArgument = None,
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            help="Keep unreachable rows younger than this (0s, 30m, 12h, 14d, 2w ...): a running llm may "
+            "be about to point at them.",
+        ),
+    ] = DEFAULT_GRACE,
+    dry_run: DryRunOption = False,
+    vacuum: Annotated[
+        bool,
+        typer.Option(
+            "--vacuum",
+            help="Give the freed space back to the file system afterwards (in short steps once the "
+            "file is in incremental auto-vacuum mode; the first time, one full VACUUM switches it).",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Delete messages no conversation, call, thread or turn reaches, and what only they used.
+
+    Roots are conversation heads and call heads (dag format), thread tips and
+    turns' parent and tip messages (llm format); everything they reach
+    through parent links is kept, and so is every unreachable message inside
+    the grace period, with what it reaches. Then parts of deleted messages
+    go, and fragments, attachments, tools and tool instances nothing
+    references any more. Safe beside a running llm and from cron, where it
+    prints nothing on success:
+
+        0 3 * * *  dagsync gc
+    """
+    seconds = parse_grace(grace)
+    with _Progress() as progress:
+        report = gc(db or default_database(), grace=seconds, dry_run=dry_run, vacuum=vacuum, progress=progress)
+    # Unattended (stdout not a terminal) is quiet on success, unless JSON was asked for.
+    _emit(report, as_json, quiet or not sys.stdout.isatty(), _render_gc)
 
 
 def main() -> None:

@@ -35,9 +35,11 @@ from dagsync.formats import Format, Key, format_for_message_columns, normalise_s
 
 __all__ = [
     "Database",
+    "Pacer",
     "create_private_file",
     "open_source",
     "open_target",
+    "run_without_waiting",
     "write_transaction",
 ]
 
@@ -360,6 +362,26 @@ def initialise(conn: apsw.Connection, fmt: Format) -> None:
         )
 
 
+class Pacer:
+    """Chunk sizes that keep each statement or transaction near ``target_seconds``.
+
+    Start small, double while a chunk takes under half the target, halve
+    when one takes over twice it: rows of one table cost very differently
+    from another's (an FTS-indexed response versus a link row).
+    """
+
+    def __init__(self, largest: int, first: int, target_seconds: float) -> None:
+        self.size = min(first, largest)
+        self.largest = largest
+        self.target = target_seconds
+
+    def timed(self, seconds: float) -> None:
+        if seconds < self.target / 2:
+            self.size = min(self.size * 2, self.largest)
+        elif seconds > self.target * 2:
+            self.size = max(self.size // 2, 50)
+
+
 @contextlib.contextmanager
 def write_transaction(conn: apsw.Connection) -> Iterator[None]:
     """An exclusive write transaction that a running llm waits for rather than fails on.
@@ -398,9 +420,15 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
 
 def _begin_exclusive(conn: apsw.Connection) -> None:
     """Take the write lock without ever waiting for it inside SQLite (see above)."""
+    run_without_waiting(conn, "BEGIN EXCLUSIVE")
+
+
+def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
+    """Run a statement that takes the write lock (``BEGIN EXCLUSIVE``, ``VACUUM``)
+    with no busy timeout inside SQLite, retrying on our side (see ``write_transaction``)."""
     conn.set_busy_timeout(0)
     try:
-        _retry_busy(conn, "BEGIN EXCLUSIVE", first_delay=0.005)
+        _retry_busy(conn, sql, first_delay=0.005)
     finally:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
 

@@ -39,7 +39,7 @@ from typing import Any
 import apsw
 
 from dagsync import bookkeeping
-from dagsync.db import Database, open_source, open_target, write_transaction
+from dagsync.db import Database, Pacer, open_source, open_target, write_transaction
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
 from dagsync.formats import Format, JsonRef, Key, Table
 from dagsync.store import UlidFactory
@@ -219,20 +219,6 @@ class _Counts:
     forked: int = 0
 
 
-class _Pacer:
-    """Chunk sizes that keep each statement or transaction near TARGET_SECONDS."""
-
-    def __init__(self, largest: int) -> None:
-        self.size = min(FIRST_CHUNK, largest)
-        self.largest = largest
-
-    def timed(self, seconds: float) -> None:
-        if seconds < TARGET_SECONDS / 2:
-            self.size = min(self.size * 2, self.largest)
-        elif seconds > TARGET_SECONDS * 2:
-            self.size = max(self.size // 2, 50)
-
-
 class _SourceMerge:
     """One source into one target: plan, then apply."""
 
@@ -303,7 +289,7 @@ class _SourceMerge:
         # Each loop learns its own pace from a small start: rows of one table
         # cost very differently from another's (an FTS-indexed response versus
         # a link row), and reads from writes.
-        pacer = _Pacer(MAX_WRITE_CHUNK if writes else MAX_READ_CHUNK)
+        pacer = Pacer(MAX_WRITE_CHUNK if writes else MAX_READ_CHUNK, FIRST_CHUNK, TARGET_SECONDS)
         bound = ""
         source_table = schema_table.removeprefix("src.").strip('"') if schema_table.startswith("src.") else None
         if source_table in self.bounds:

@@ -21,7 +21,9 @@ from importlib import resources
 
 import apsw
 
-__all__ = ["Format", "JsonRef", "Key", "Table", "FORMATS", "format_for_message_columns", "normalise_sql"]
+__all__ = [
+    "Collect", "Format", "JsonRef", "Key", "PayloadRef", "Table", "format_for_message_columns", "normalise_sql",
+]  # fmt: skip
 
 
 class Key(enum.Enum):
@@ -33,6 +35,34 @@ class Key(enum.Enum):
     DAG_MESSAGE = "dag-message"  # ULID id, identity (parent_id, content_hash)
     HASH_MESSAGE = "hash-message"  # Merkle hash key: the key is the identity
     DERIVED = "derived"  # FTS index kept by triggers: rebuilt, never copied
+
+
+class Collect(enum.Enum):
+    """What gc does with a table's rows."""
+
+    KEEP = "keep"  # never deleted by gc
+    UNREACHABLE = "unreachable"  # the message DAG: deleted when no root reaches a row
+    WITH_OWNER = "with-owner"  # deleted together with the row ``owned_by`` points at
+    UNREFERENCED = "unreferenced"  # shared rows: deleted when nothing references them
+
+
+@dataclass(frozen=True)
+class PayloadRef:
+    """Keys of ``target`` held inside a JSON column, at the paths ``path`` matches.
+
+    ``path`` is a JSON path in which ``[#]`` stands for any array index, so
+    ``$.text_ref[#].fragment`` matches ``$.text_ref[0].fragment``, ``$.text_ref[1].fragment`` ...
+    """
+
+    table: str
+    column: str
+    path: str
+    target: str
+
+    @property
+    def glob(self) -> str:
+        """``path`` as a GLOB pattern over ``json_tree``'s ``fullkey``."""
+        return self.path.replace("[#]", "[[][0-9]*[]]")
 
 
 @dataclass(frozen=True)
@@ -84,6 +114,9 @@ class Table:
     compare: tuple[str, ...] | None = None
     # Integer ids of another table held inside a JSON column.
     json_refs: tuple[JsonRef, ...] = ()
+    # What gc does with the rows; for WITH_OWNER, the column naming the owner.
+    collect: Collect = Collect.KEEP
+    owned_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +140,11 @@ class Format:
     # schema may hold what the target's cannot), comparing migrations by
     # "name", or by "number" (m001...) where only the numbers are known for sure.
     migration_gate: str | None = None
+    # The column that says when a message was stored, for gc's grace period;
+    # None when messages carry no time (gc then records when it first saw them).
+    message_time: str | None = None
+    # Keys held inside JSON columns, which gc counts as references.
+    payload_refs: tuple[PayloadRef, ...] = ()
 
     @cached_property
     def schema_sql(self) -> str:
@@ -157,6 +195,57 @@ class Format:
         }
         conn.close()
         return out
+
+    @cached_property
+    def referenced_columns(self) -> dict[str, dict[str, str]]:
+        """Table -> {column: the referenced table's column it holds}, from the DDL's foreign keys."""
+        conn = apsw.Connection(":memory:")
+        conn.execute(self.schema_sql)
+        out = {
+            t.name: {
+                row[3]: row[4] or self.primary_key(row[2])
+                for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (t.name,))
+            }
+            for t in self.tables
+            if t.key is not Key.DERIVED
+        }
+        conn.close()
+        return out
+
+    def primary_key(self, table: str) -> str:
+        """The single primary-key column of ``table`` (rowid when it has none or several)."""
+        conn = apsw.Connection(":memory:")
+        conn.execute(self.schema_sql)
+        pk = [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?) WHERE pk > 0", (table,))]
+        conn.close()
+        return pk[0] if len(pk) == 1 else "rowid"
+
+    @cached_property
+    def roots(self) -> tuple[tuple[str, str], ...]:
+        """(table, column) pairs whose values gc treats as roots of the message DAG.
+
+        Every column that references a message is one, except the DAG's own
+        parent links and the columns of rows collected with their message:
+        whatever else points at a message keeps it, so a table added to a
+        format's DDL is protected without anyone remembering to list it.
+        """
+        collected = {t.name for t in self.tables if t.collect in (Collect.UNREACHABLE, Collect.WITH_OWNER)}
+        return tuple(
+            (table, column)
+            for table, refs in self.references.items()
+            if table not in collected
+            for column, referenced in refs.items()
+            if referenced == "messages"
+        )
+
+    def referrers(self, table: str) -> tuple[tuple[str, str], ...]:
+        """(table, column) pairs whose foreign keys reference ``table``."""
+        return tuple(
+            (other, column)
+            for other, refs in self.references.items()
+            for column, referenced in refs.items()
+            if referenced == table
+        )
 
     @cached_property
     def merge_order(self) -> tuple[Table, ...]:

@@ -5,7 +5,7 @@ Messages are ULID-keyed rows linked by ``parent_id``; a message's identity is
 See shared/spec/dag-format.md.
 """
 
-from dagsync.formats import Format, Key, Table
+from dagsync.formats import Collect, Format, Key, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 ROOT = "root"
@@ -22,8 +22,11 @@ DAG = Format(
     marker_columns=frozenset({"id", "parent_id", "content_hash"}),
     schema_resource="dag_schema.sql",
     tables=(
-        Table("messages", Key.DAG_MESSAGE, ("id",), required=True),
-        Table("message_parts", Key.TEXT, ("id",), required=True, owner=("message_id", "messages")),
+        Table("messages", Key.DAG_MESSAGE, ("id",), required=True, collect=Collect.UNREACHABLE),
+        Table(
+            "message_parts", Key.TEXT, ("id",), required=True, owner=("message_id", "messages"),
+            collect=Collect.WITH_OWNER, owned_by="message_id",
+        ),  # fmt: skip
         Table("calls", Key.TEXT, ("id",), required=True),
         *(
             Table(t.name, t.key, t.natural_key, required=True, pointer="head_message_id")
@@ -42,4 +45,6 @@ DAG = Format(
     migrations=MIGRATIONS,
     # The branch's own names for m022 and m023 are not published; its numbers are.
     migration_gate="number",
+    # Written in two spellings (see the spec); SQLite's date functions read both.
+    message_time="created_at",
 )

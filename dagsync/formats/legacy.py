@@ -3,7 +3,7 @@
 ``llm logs`` reads them, so a merge is complete only when they are merged too.
 """
 
-from dagsync.formats import Key, Table
+from dagsync.formats import Collect, Key, Table
 
 # The migrations every llm since 0.13 shares; the two formats part after m021.
 LEGACY_MIGRATIONS = (
@@ -26,15 +26,15 @@ LEGACY_TABLES = (
     Table("responses_fts", Key.DERIVED),
     # The id is a sha256 of the content (or URL): the same id is the same
     # attachment, while ``path`` is where one machine happened to read it from.
-    Table("attachments", Key.TEXT, ("id",), compare=()),
+    Table("attachments", Key.TEXT, ("id",), compare=(), collect=Collect.UNREFERENCED),
     Table("prompt_attachments", Key.COMPOSITE, ("response_id", "attachment_id")),
-    Table("fragments", Key.INTEGER, ("hash",)),
+    Table("fragments", Key.INTEGER, ("hash",), collect=Collect.UNREFERENCED),
     # A name llm lets you re-point (`llm fragments set`): the target keeps its own.
     Table("fragment_aliases", Key.TEXT, ("alias",), compare=()),
     Table("prompt_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
     Table("system_fragments", Key.COMPOSITE, ("response_id", "fragment_id", "order")),
-    Table("tools", Key.INTEGER, ("hash",)),
-    Table("tool_instances", Key.INTEGER, ("plugin", "name", "arguments")),
+    Table("tools", Key.INTEGER, ("hash",), collect=Collect.UNREFERENCED),
+    Table("tool_instances", Key.INTEGER, ("plugin", "name", "arguments"), collect=Collect.UNREFERENCED),
     Table("tool_responses", Key.COMPOSITE, ("tool_id", "response_id")),
     # One response's calls and results, told apart by tool, call id and name;
     # equal ones are matched by rank (the k-th with the k-th).

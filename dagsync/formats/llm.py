@@ -6,7 +6,7 @@ same row in every file. ``threads`` point at a tip, ``turns`` record one
 model call each. See shared/spec/llm-0.36-schema.sql.
 """
 
-from dagsync.formats import Format, JsonRef, Key, Table
+from dagsync.formats import Collect, Format, JsonRef, Key, PayloadRef, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 # Every migration llm 0.36 has; a file dagsync creates in this format records
@@ -24,7 +24,7 @@ LLM = Format(
     marker_columns=frozenset({"hash", "parent_hash"}),
     schema_resource="llm_schema.sql",
     tables=(
-        Table("messages", Key.HASH_MESSAGE, ("hash",), required=True),
+        Table("messages", Key.HASH_MESSAGE, ("hash",), required=True, collect=Collect.UNREACHABLE),
         # Parts of a message already in the target match by (message, position),
         # so only the parts of new messages are copied.
         Table(
@@ -32,9 +32,16 @@ LLM = Format(
             # Text that borrows fragments is stored as
             # {"text_ref": [{"literal": ...}, {"fragment": 12}, ...]}.
             json_refs=(JsonRef("payload", "fragments", "text_ref", "fragment"),),
+            collect=Collect.WITH_OWNER, owned_by="message_hash",
         ),  # fmt: skip
-        Table("part_attachments", Key.COMPOSITE, ("part_id", "attachment_id", "order")),
-        Table("part_fragments", Key.COMPOSITE, ("part_id", "fragment_id", "order")),
+        Table(
+            "part_attachments", Key.COMPOSITE, ("part_id", "attachment_id", "order"),
+            collect=Collect.WITH_OWNER, owned_by="part_id",
+        ),  # fmt: skip
+        Table(
+            "part_fragments", Key.COMPOSITE, ("part_id", "fragment_id", "order"),
+            collect=Collect.WITH_OWNER, owned_by="part_id",
+        ),  # fmt: skip
         Table("threads", Key.TEXT, ("id",), required=True, pointer="tip_message_hash"),
         Table("turns", Key.TEXT, ("id",), required=True),
         Table("turn_tools", Key.COMPOSITE, ("turn_id", "tool_id")),
@@ -55,4 +62,11 @@ LLM = Format(
     part_table="parts",
     migrations=MIGRATIONS,
     migration_gate="name",
+    # llm writes a part_fragments / part_attachments row for each of these
+    # too; gc counts both, in case a file has one without the other.
+    payload_refs=(
+        PayloadRef("parts", "payload", "$.text_ref[#].fragment", "fragments"),
+        PayloadRef("parts", "payload", "$.attachment.id", "attachments"),
+        PayloadRef("parts", "payload", "$.attachments[#].id", "attachments"),
+    ),
 )
