@@ -434,7 +434,8 @@ class _Gc:
                     f'INSERT INTO temp.gc_ref SELECT ?, j.value, {self.dying(referrer, "t")} '
                     f'FROM main."{ref.table}" t, json_tree(t."{ref.column}") j '
                     f'WHERE t.rowid BETWEEN ? AND ? AND instr(t."{ref.column}", ?) '
-                    f'AND json_valid(t."{ref.column}") AND j.fullkey GLOB ?',
+                    # SQLite quotes some labels in fullkey ($."text_ref"[0]): compare without quotes.
+                    f'AND json_valid(t."{ref.column}") AND replace(j.fullkey, \'"\', \'\') GLOB ?',
                     (table.name, low, high, needle, ref.glob),
                 )
         pk = self.fmt.primary_key(table.name)
