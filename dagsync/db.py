@@ -24,7 +24,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,8 @@ __all__ = [
     "open_source",
     "open_target",
     "run_without_waiting",
+    "vacuum",
+    "VacuumReport",
     "write_transaction",
 ]
 
@@ -447,3 +449,45 @@ def _retry_busy(conn: apsw.Connection, sql: str, first_delay: float = 0.01) -> N
             # Jitter so two waiting writers do not retry in lockstep.
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
+
+
+@dataclass(frozen=True)
+class VacuumReport:
+    mode: str  # "incremental", "full" (a one-time rewrite that makes later ones incremental), "auto"
+    bytes_before: int
+    bytes_after: int
+
+
+def vacuum(db: Database, progress: Callable[[str, int, int], None] | None = None) -> VacuumReport:
+    """Return free pages to the file system without holding the write lock for long.
+
+    A file in incremental auto-vacuum mode is shrunk in short steps. Any
+    other file needs one full ``VACUUM`` (a rewrite, holding the lock for its
+    whole length), which also switches it to incremental mode so that every
+    later ``--vacuum`` is short.
+    """
+    conn = db.conn
+    path = Path(db.path)
+    before = path.stat().st_size
+    mode = next(conn.execute("PRAGMA auto_vacuum"))[0]
+    if mode == 1:  # FULL: SQLite already gave the pages back at each commit.
+        return VacuumReport("auto", before, path.stat().st_size)
+    if mode == 0:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        if progress:
+            progress("vacuum (full, once)", 0, 1)
+        run_without_waiting(conn, "VACUUM")
+        return VacuumReport("full", before, path.stat().st_size)
+    pacer = Pacer(1_000_000, 2000, 0.5)
+    free = next(conn.execute("PRAGMA freelist_count"))[0]
+    total = free
+    while free:
+        started = time.perf_counter()
+        with write_transaction(conn):
+            # The pragma frees pages as its statement is stepped: run it to the end.
+            conn.execute(f"PRAGMA incremental_vacuum({int(pacer.size)})").fetchall()
+        pacer.timed(time.perf_counter() - started)
+        free = next(conn.execute("PRAGMA freelist_count"))[0]
+        if progress:
+            progress("vacuum", total - free, total)
+    return VacuumReport("incremental", before, path.stat().st_size)

@@ -36,3 +36,7 @@ class MergeConflict(DagsyncError):
 
 class DamagedSource(DagsyncError):
     """A source whose rows contradict themselves (a cycle, a dangling reference)."""
+
+
+class MissingBlob(DagsyncError, LookupError):
+    """A packed value refers to a blob (or a blob to a dictionary) the file does not have."""

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from dagsync import bookkeeping
-from dagsync.db import Database, Pacer, open_target, run_without_waiting, write_transaction
+from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
 from dagsync.errors import DagsyncError
 from dagsync.formats import Collect, Table
 
@@ -72,8 +72,6 @@ TARGET_SECONDS = 0.5
 FIRST_CHUNK = 2000
 MAX_READ_CHUNK = 200_000
 MAX_WRITE_CHUNK = 50_000
-# Pages freed per step of an incremental vacuum, to start with.
-FIRST_VACUUM_PAGES = 2000
 
 SEEN = "_dagsync_gc_seen"
 MESSAGE_MAP = "_dagsync_message_map"
@@ -87,13 +85,6 @@ class GcTable:
     deleted: int = 0
     bytes: int = 0  # the deleted rows' column values, in bytes
     waiting: int = 0  # unreachable or unreferenced, kept until the grace period has passed
-
-
-@dataclass(frozen=True)
-class VacuumReport:
-    mode: str  # "incremental", "full" (a one-time rewrite that makes later ones incremental), "auto"
-    bytes_before: int
-    bytes_after: int
 
 
 @dataclass(frozen=True)
@@ -167,7 +158,7 @@ def gc(
             tables = run.tables()
         finally:
             run.drop_temp()
-        vacuumed = _vacuum(db, progress) if vacuum and not dry_run else None
+        vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return GcReport(
             path=str(path),
             format=db.format.name,
@@ -640,38 +631,3 @@ class _Gc:
         return tuple(
             GcTable(n, *self.deleted.get(n, (0, 0)), waiting=self.waiting.get(n, 0)) for n in [*names, *extra]
         )
-
-
-def _vacuum(db: Database, progress: Progress | None) -> VacuumReport:
-    """Return free pages to the file system without holding the write lock for long.
-
-    A file in incremental auto-vacuum mode is shrunk in short steps. Any
-    other file needs one full ``VACUUM`` (a rewrite, holding the lock for its
-    whole length), which also switches it to incremental mode so that every
-    later ``--vacuum`` is short.
-    """
-    conn = db.conn
-    path = Path(db.path)
-    before = path.stat().st_size
-    mode = next(conn.execute("PRAGMA auto_vacuum"))[0]
-    if mode == 1:  # FULL: SQLite already gave the pages back at each commit.
-        return VacuumReport("auto", before, path.stat().st_size)
-    if mode == 0:
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        if progress:
-            progress("gc: vacuum (full, once)", 0, 1)
-        run_without_waiting(conn, "VACUUM")
-        return VacuumReport("full", before, path.stat().st_size)
-    pacer = Pacer(1_000_000, FIRST_VACUUM_PAGES, TARGET_SECONDS)
-    free = next(conn.execute("PRAGMA freelist_count"))[0]
-    total = free
-    while free:
-        started = time.perf_counter()
-        with write_transaction(conn):
-            # The pragma frees pages as its statement is stepped: run it to the end.
-            conn.execute(f"PRAGMA incremental_vacuum({int(pacer.size)})").fetchall()
-        pacer.timed(time.perf_counter() - started)
-        free = next(conn.execute("PRAGMA freelist_count"))[0]
-        if progress:
-            progress("gc: vacuum", total - free, total)
-    return VacuumReport("incremental", before, path.stat().st_size)

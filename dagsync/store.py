@@ -28,6 +28,7 @@ import apsw
 from ulid import ULID
 
 from dagsync.canonical import content_hash
+from dagsync.blobs import Blobs
 from dagsync.db import Database, open_target, write_transaction
 from dagsync.errors import NotFound, UnsupportedDatabase
 from dagsync.formats.dag import DAG, ROOT
@@ -218,6 +219,7 @@ class MessageStore:
         self.conn: apsw.Connection = db.conn
         self.new_id = new_id or UlidFactory()
         self.now = now
+        self.blobs = Blobs(self.conn)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], **kwargs: Any) -> MessageStore:
@@ -348,7 +350,10 @@ class MessageStore:
                     messages.append(_message(role, parts, pm_json))
                 current, role, pm_json, parts = mid, r, pmj, []
             if part[0] is not None:
-                parts.append(part_from_row(*part))
+                ptype, content, content_json, *rest = part
+                # A packed file (dagsync pack) holds references to blobs here.
+                content, content_json = self.blobs.resolve(content, "text"), self.blobs.resolve(content_json, "text")
+                parts.append(part_from_row(ptype, content, content_json, *rest))
         messages.append(_message(role, parts, pm_json))
         return messages
 

@@ -12,7 +12,11 @@ Each check returns problems naming the table, the key and what is wrong:
   the spec's contract (``canonical.py``), the llm format by llm's own recipe
   (fragments and attachments resolved, blake2b over parent and content);
 * duplicate identities - two dag messages with one ``(parent_id, content_hash)``,
-  two llm parts at one ``(message_hash, position)``.
+  two llm parts at one ``(message_hash, position)``;
+* blobs (a packed file, see blobs.py) - every blob decompresses to its size
+  and re-hashes to its key, every dictionary re-hashes to its key, and every
+  packed value refers to a blob the file has. Messages are re-hashed from
+  their payloads, resolved.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import apsw
 
+from dagsync.blobs import Blobs, marker_sql, sha256
 from dagsync.canonical import content_hash
 from dagsync.db import Database, open_source
 from dagsync.errors import HashContractError
@@ -78,6 +83,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
             "cycles": _cycles,
             "duplicate identities": _duplicates,
             "content": _rehash_dag if db.format is DAG else _rehash_llm,
+            "blobs": _blobs,
         }
         problems: list[Problem] = []
         counts: dict[str, int] = {}
@@ -190,27 +196,31 @@ def _rehash_dag(db: Database):
         'p.content_json, p.tool_call_id, p.server_executed FROM messages m LEFT JOIN message_parts p '
         'ON p.message_id = m.id WHERE m.id != \'root\' ORDER BY m.id, p."order"'
     )
+    blobs = Blobs(db.conn)
     current: list[Any] | None = None
     for mid, role, pm, stored, *part in rows:
         if current is None or current[0] != mid:
             if current is not None:
-                yield from _check_dag(*current)
+                yield from _check_dag(*current, blobs)
             current = [mid, role, pm, stored, []]
         if part[0] is not None:
             current[4].append(part)
     if current is not None:
-        yield from _check_dag(*current)
+        yield from _check_dag(*current, blobs)
 
 
-def _check_dag(mid: str, role: str, pm: str | None, stored: str, parts: list):
+def _check_dag(mid: str, role: str, pm: str | None, stored: str, parts: list, blobs: Blobs):
     try:
         message = Message(
             role=role,
-            parts=tuple(part_from_row(*p) for p in parts),
+            parts=tuple(
+                part_from_row(ptype, blobs.resolve(content, "text"), blobs.resolve(cjson, "text"), *rest)
+                for ptype, content, cjson, *rest in parts
+            ),
             provider_metadata=json.loads(pm) if pm else None,
         )
         digest = content_hash(message)
-    except (ValueError, HashContractError) as exc:
+    except (ValueError, LookupError, HashContractError) as exc:
         yield Problem("content", "messages", mid, f"its parts cannot be read back: {exc}")
         return
     if digest != stored:
@@ -282,10 +292,16 @@ def _llm_hash(message: dict[str, Any], parent: str | None) -> str:
 
 def _rehash_llm(db: Database):
     conn = db.conn
-    fragment = lambda fid: next(iter(conn.execute("SELECT content FROM fragments WHERE id = ?", (fid,))), (None,))[0]  # noqa: E731
-    attachment_row = lambda aid: next(  # noqa: E731
-        iter(conn.execute("SELECT id, type, path, url, content FROM attachments WHERE id = ?", (aid,))), None
-    )
+    blobs = Blobs(conn)
+
+    def fragment(fid: int) -> str | None:
+        content = next(iter(conn.execute("SELECT content FROM fragments WHERE id = ?", (fid,))), (None,))[0]
+        return blobs.resolve(content, "text")
+
+    def attachment_row(aid: str) -> tuple | None:
+        row = next(iter(conn.execute("SELECT id, type, path, url, content FROM attachments WHERE id = ?", (aid,))), None)
+        return None if row is None else (*row[:4], blobs.resolve(row[4], "blob"))
+
     rows = conn.execute(
         "SELECT m.hash, m.parent_hash, m.role, m.provider_metadata, p.type, p.text, p.payload "
         "FROM messages m LEFT JOIN parts p ON p.message_hash = m.hash ORDER BY m.hash, p.position"
@@ -297,7 +313,7 @@ def _rehash_llm(db: Database):
                 yield from _check_llm(current, fragment, attachment_row)
             current = [mhash, parent, role, pm, []]
         if ptype is not None:
-            current[4].append((ptype, text, payload))
+            current[4].append((ptype, text, payload, blobs))
     if current is not None:
         yield from _check_llm(current, fragment, attachment_row)
 
@@ -306,7 +322,8 @@ def _check_llm(current: list, fragment, attachment_row):
     mhash, parent, role, pm, parts = current
     try:
         dicts = []
-        for ptype, text, payload in parts:
+        for ptype, text, payload, blobs in parts:
+            text, payload = blobs.resolve(text, "text"), blobs.resolve(payload, "text")
             d = json.loads(payload) if payload else {}
             d["type"] = ptype
             if text is not None:
@@ -343,3 +360,37 @@ def _check_llm(current: list, fragment, attachment_row):
     digest = _llm_hash(message, parent)
     if digest != mhash:
         yield Problem("content", "messages", mhash, f"its parts and parent hash to {digest}, not to its own hash")
+
+
+def _blobs(db: Database):
+    """The blob store is whole, and every packed value points into it."""
+    conn = db.conn
+    store = Blobs(conn)
+    present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    for column in db.format.packed:
+        if column.table not in present:
+            continue
+        value = f'CAST(t."{column.column}" AS TEXT)'
+        missing = "1" if not store.exists() else "substr(" + value + ", 9) NOT IN (SELECT hash FROM blobs)"
+        for rowid, ref in conn.execute(
+            f'SELECT t.rowid, substr({value}, 9) FROM "{column.table}" t WHERE {marker_sql(column, "t")} AND {missing}'
+        ):
+            yield Problem("blobs", column.table, f"rowid {rowid}", f"{column.column} refers to blob {ref}, which is missing")
+    if not store.exists():
+        return
+    for key, data in conn.execute("SELECT hash, data FROM blob_dicts"):
+        if sha256(data) != key:
+            yield Problem("blobs", "blob_dicts", key, "the dictionary's bytes do not hash to its key")
+    for key, size, dict_hash in conn.execute("SELECT hash, size, dict FROM blobs"):
+        try:
+            payload = store.payload(key)
+        except LookupError as exc:
+            yield Problem("blobs", "blobs", key, f"cannot be read: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - zstd reports damage as a plain error
+            yield Problem("blobs", "blobs", key, f"does not decompress: {exc}")
+            continue
+        if len(payload) != size:
+            yield Problem("blobs", "blobs", key, f"decompresses to {len(payload)} bytes, not its size {size}")
+        elif sha256(payload) != key:
+            yield Problem("blobs", "blobs", key, "its payload does not hash to its key")

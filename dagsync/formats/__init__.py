@@ -22,7 +22,8 @@ from importlib import resources
 import apsw
 
 __all__ = [
-    "Collect", "Format", "JsonRef", "Key", "PayloadRef", "Table", "format_for_message_columns", "normalise_sql",
+    "Collect", "Format", "JsonRef", "Key", "PackedColumn", "PayloadRef", "Table",
+    "format_for_message_columns", "normalise_sql",
 ]  # fmt: skip
 
 
@@ -63,6 +64,19 @@ class PayloadRef:
     def glob(self) -> str:
         """``path`` as a GLOB pattern over ``json_tree``'s ``fullkey``."""
         return self.path.replace("[#]", "[[][0-9]*[]]")
+
+
+@dataclass(frozen=True)
+class PackedColumn:
+    """A payload column ``pack`` may move into the blob store.
+
+    ``holds`` is the storage class llm writes there ("text" or "blob"); a
+    packed value is stored with the other one (see dagsync/blobs.py).
+    """
+
+    table: str
+    column: str
+    holds: str = "text"
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,8 @@ class Format:
     message_time: str | None = None
     # Keys held inside JSON columns, which gc counts as references.
     payload_refs: tuple[PayloadRef, ...] = ()
+    # Payload columns the blob store may hold.
+    packed: tuple[PackedColumn, ...] = ()
 
     @cached_property
     def schema_sql(self) -> str:

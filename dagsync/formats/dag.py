@@ -5,7 +5,7 @@ Messages are ULID-keyed rows linked by ``parent_id``; a message's identity is
 See shared/spec/dag-format.md.
 """
 
-from dagsync.formats import Collect, Format, Key, Table
+from dagsync.formats import Collect, Format, Key, PackedColumn, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 ROOT = "root"
@@ -47,4 +47,5 @@ DAG = Format(
     migration_gate="number",
     # Written in two spellings (see the spec); SQLite's date functions read both.
     message_time="created_at",
+    packed=(PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json")),
 )

@@ -6,7 +6,7 @@ same row in every file. ``threads`` point at a tip, ``turns`` record one
 model call each. See shared/spec/llm-0.36-schema.sql.
 """
 
-from dagsync.formats import Collect, Format, JsonRef, Key, PayloadRef, Table
+from dagsync.formats import Collect, Format, JsonRef, Key, PackedColumn, PayloadRef, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 # Every migration llm 0.36 has; a file dagsync creates in this format records
@@ -68,5 +68,9 @@ LLM = Format(
         PayloadRef("parts", "payload", "$.text_ref[#].fragment", "fragments"),
         PayloadRef("parts", "payload", "$.attachment.id", "attachments"),
         PayloadRef("parts", "payload", "$.attachments[#].id", "attachments"),
+    ),
+    packed=(
+        PackedColumn("parts", "text"), PackedColumn("parts", "payload"),
+        PackedColumn("fragments", "content"), PackedColumn("attachments", "content", holds="blob"),
     ),
 )

@@ -1,0 +1,496 @@
+"""blobs: a content-addressed zstd store for part payloads: pack, unpack, read.
+
+System prompts, tool outputs and long documents repeat across thousands of
+messages. ``pack`` stores each payload once, compressed, and leaves a short
+reference in the row; ``unpack`` puts every payload back byte for byte so llm
+can read the file again. Every dagsync command reads packed files.
+
+The format (docs/blobs.md says it for other programs):
+
+* ``blobs(hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict TEXT, data BLOB NOT NULL)``:
+  ``hash`` is the lowercase hex sha256 of the exact payload bytes (a text
+  payload's UTF-8); ``size`` their length; ``data`` one zstd frame of them
+  (content size in its header), made with the dictionary ``dict`` when that
+  is not NULL.
+* ``blob_dicts(hash TEXT PRIMARY KEY, data BLOB NOT NULL)``: zstd
+  dictionaries, keyed by the sha256 of their bytes, so two files'
+  dictionaries never clash and merge can copy them by key.
+* **A packed value** is ``dagsync:`` followed by the blob's hash (72 ASCII
+  characters), stored with the storage class its column otherwise never
+  holds: a BLOB in a column of text (``parts.text``, ``message_parts.content``
+  ...), TEXT in a column of bytes (``attachments.content``). So a payload is
+  never mistaken for a reference, whatever it says. Which columns are packed
+  is data: ``Format.packed``.
+* ``_dagsync_meta`` keeps the settings new rows are packed with:
+  ``pack_level``, ``pack_threshold``, ``pack_dict`` (a dictionary hash or '').
+
+Payloads shorter than the threshold stay inline: below it the reference and
+the blob row cost more than they save (measured: docs/blobs.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+import zstandard
+
+from dagsync import bookkeeping
+from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
+from dagsync.errors import DagsyncError, MissingBlob
+from dagsync.formats import Format, PackedColumn
+
+__all__ = [
+    "PackReport", "UnpackReport", "Blobs", "is_packed", "pack", "unpack", "register_functions",
+]  # fmt: skip
+
+Progress = Callable[[str, int, int], None]
+
+PREFIX = "dagsync:"
+MARKER_LENGTH = len(PREFIX) + 64
+DEFAULT_LEVEL = 3
+# Payloads this many bytes or longer go into blobs (see docs/blobs.md for the measurement).
+DEFAULT_THRESHOLD = 256
+# Payloads under this size are "small": a trained dictionary is used for them.
+SMALL = 1024
+DICT_SIZE = 112 * 1024
+DICT_SAMPLES = 20_000
+
+TARGET_SECONDS = 0.5
+FIRST_CHUNK = 1000
+MAX_CHUNK = 20_000
+
+DDL = """
+CREATE TABLE IF NOT EXISTS blob_dicts (
+    hash TEXT PRIMARY KEY,  -- sha256 hex of the dictionary bytes
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    hash TEXT PRIMARY KEY,  -- sha256 hex of the payload bytes
+    size INTEGER NOT NULL,  -- payload length in bytes
+    dict TEXT REFERENCES blob_dicts(hash),  -- the dictionary data was compressed with, or NULL
+    data BLOB NOT NULL  -- one zstd frame
+);
+"""
+
+
+def is_packed(conn: apsw.Connection, schema: str = "main") -> bool:
+    """Whether the database has a blob store."""
+    return bookkeeping.has(conn, "blobs", schema)
+
+
+def marker_sql(column: PackedColumn, alias: str) -> str:
+    """SQL true when ``alias.column`` holds a reference to a blob."""
+    other = "blob" if column.holds == "text" else "text"
+    value = f'{alias}."{column.column}"'
+    return f"(typeof({value}) = '{other}' AND length({value}) = {MARKER_LENGTH} AND substr(CAST({value} AS TEXT), 1, 8) = '{PREFIX}')"
+
+
+def payload_bytes(value: str | bytes) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def sha256(value: str | bytes) -> str:
+    return hashlib.sha256(payload_bytes(value)).hexdigest()
+
+
+class Blobs:
+    """Reads (and, for pack, writes) the blob store of one schema of a connection."""
+
+    def __init__(self, conn: apsw.Connection, schema: str = "main") -> None:
+        self.conn = conn
+        self.schema = schema
+        self.decompressors: dict[str | None, zstandard.ZstdDecompressor] = {}
+        self.present: bool | None = None
+
+    def decompressor(self, dict_hash: str | None) -> zstandard.ZstdDecompressor:
+        if dict_hash not in self.decompressors:
+            if dict_hash is None:
+                self.decompressors[None] = zstandard.ZstdDecompressor()
+            else:
+                row = next(
+                    iter(self.conn.execute(f"SELECT data FROM {self.schema}.blob_dicts WHERE hash = ?", (dict_hash,))),
+                    None,
+                )
+                if row is None:
+                    raise MissingBlob(f"blob dictionary {dict_hash} is missing")
+                self.decompressors[dict_hash] = zstandard.ZstdDecompressor(
+                    dict_data=zstandard.ZstdCompressionDict(row[0])
+                )
+        return self.decompressors[dict_hash]
+
+    def exists(self) -> bool:
+        if self.present is None:
+            self.present = is_packed(self.conn, self.schema)
+        return self.present
+
+    def payload(self, blob_hash: str) -> bytes:
+        """The bytes stored under ``blob_hash``.
+
+        :raises MissingBlob: the blob (or its dictionary) is missing.
+        """
+        row = None
+        if self.exists():
+            row = next(
+                iter(self.conn.execute(f"SELECT dict, data FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,))), None
+            )
+        if row is None:
+            raise MissingBlob(f"blob {blob_hash} is missing")
+        return self.decompressor(row[0]).decompress(row[1])
+
+    def resolve(self, value: Any, holds: str) -> Any:
+        """A column value as llm wrote it: a reference replaced by its payload, anything else as it is."""
+        if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
+            return self.payload(value[len(PREFIX) :].decode("ascii")).decode("utf-8")
+        if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
+            return self.payload(value[len(PREFIX) :])
+        return value
+
+
+def register_functions(conn: apsw.Connection) -> None:
+    """``dagsync_unpack(value, holds)`` and ``dagsync_unpack_src(...)``: a value with any
+    blob reference resolved, from the main database or the attached ``src``."""
+    for name, schema in (("dagsync_unpack", "main"), ("dagsync_unpack_src", "src")):
+        store = Blobs(conn, schema)
+        conn.create_scalar_function(name, store.resolve, 2, deterministic=False)
+
+
+# -- pack ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnReport:
+    table: str
+    column: str
+    packed: int  # values moved into blobs by this run
+    payload_bytes: int  # their bytes
+    inline: int  # values left inline: shorter than the threshold
+
+
+@dataclass(frozen=True)
+class PackReport:
+    path: str
+    format: str
+    dry_run: bool
+    level: int
+    threshold: int
+    dictionary: str | None  # the hash of the dictionary used for small payloads
+    columns: tuple[ColumnReport, ...]
+    payload_bytes: int  # bytes of the values packed by this run
+    distinct_payloads: int  # distinct payloads among them
+    distinct_bytes: int  # their bytes
+    new_blobs: int  # blobs written (the rest were in the store already)
+    stored_bytes: int  # compressed bytes of the new blobs
+    dedup_ratio: float  # payload_bytes / distinct_bytes
+    compression_ratio: float  # bytes of the new blobs' payloads / stored_bytes
+    file_bytes_before: int
+    file_bytes_after: int
+    vacuum: VacuumReport | None
+    seconds: float
+
+
+def pack(
+    path: str | os.PathLike[str],
+    *,
+    dictionary: bool = False,
+    level: int | None = None,
+    threshold: int | None = None,
+    dry_run: bool = False,
+    vacuum: bool = False,
+    progress: Progress | None = None,
+) -> PackReport:
+    """Move payloads of ``path`` at least ``threshold`` bytes long into the blob store.
+
+    Packing again packs only what is still inline (new rows). ``dictionary``
+    trains a zstd dictionary from a sample of the file's own small payloads
+    and uses it for small ones from then on; ``level`` is the zstd level.
+    Settings are remembered in the file for later runs (and for merges into
+    it). With ``dry_run`` nothing is written: the report says what a real
+    run would do.
+
+    :raises DagsyncError: an invalid level or threshold.
+    """
+    started = time.perf_counter()
+    db = open_target(path)
+    try:
+        before = os.path.getsize(path)
+        run = _Pack(db, dry_run, progress)
+        run.settings(dictionary, level, threshold)
+        columns = tuple(run.pack_column(c) for c in run.columns())
+        run.drop_temp()
+        vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
+        distinct_bytes = run.distinct_bytes
+        return PackReport(
+            path=str(path),
+            format=db.format.name,
+            dry_run=dry_run,
+            level=run.level,
+            threshold=run.threshold,
+            dictionary=run.dict_hash,
+            columns=columns,
+            payload_bytes=sum(c.payload_bytes for c in columns),
+            distinct_payloads=run.distinct,
+            distinct_bytes=distinct_bytes,
+            new_blobs=run.new_blobs,
+            stored_bytes=run.stored_bytes,
+            dedup_ratio=round(sum(c.payload_bytes for c in columns) / distinct_bytes, 3) if distinct_bytes else 1.0,
+            compression_ratio=round(run.new_payload_bytes / run.stored_bytes, 3) if run.stored_bytes else 1.0,
+            file_bytes_before=before,
+            file_bytes_after=os.path.getsize(path),
+            vacuum=vacuumed,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+    finally:
+        db.close()
+
+
+def pack_new_rows(db: Database) -> None:
+    """Pack what is inline in an already-packed database, with its own settings (after a merge)."""
+    run = _Pack(db, False, None)
+    run.settings(False, None, None)
+    for column in run.columns():
+        run.pack_column(column)
+    run.drop_temp()
+
+
+def _meta(conn: apsw.Connection, key: str) -> str | None:
+    if not bookkeeping.has(conn, "_dagsync_meta"):
+        return None
+    row = next(iter(conn.execute("SELECT value FROM _dagsync_meta WHERE key = ?", (key,))), None)
+    return row[0] if row else None
+
+
+def _ranges(conn: apsw.Connection, table: str, pacer: Pacer) -> Iterator[tuple[int, int]]:
+    """Consecutive rowid ranges of ``table`` of about ``pacer.size`` rows."""
+    one = lambda sql, p=(): next(iter(conn.execute(sql, p)), (None,))[0]  # noqa: E731
+    low = one(f"SELECT min(rowid) FROM {table}")
+    while low is not None:
+        high = one(f"SELECT rowid FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?", (low, pacer.size - 1))
+        if high is None:
+            high = one(f"SELECT max(rowid) FROM {table}")
+        started = time.perf_counter()
+        yield low, high
+        pacer.timed(time.perf_counter() - started)
+        low = one(f"SELECT min(rowid) FROM {table} WHERE rowid > ?", (high,))
+
+
+class _Pack:
+    def __init__(self, db: Database, dry_run: bool, progress: Progress | None) -> None:
+        self.db = db
+        self.conn = db.conn
+        self.fmt: Format = db.format
+        self.dry_run = dry_run
+        self.progress = progress or (lambda phase, done, total: None)
+        self.distinct = self.distinct_bytes = self.new_blobs = self.stored_bytes = self.new_payload_bytes = 0
+        self.compressors: dict[bool, zstandard.ZstdCompressor] = {}
+        self.dict_hash: str | None = None
+        self.dict_data: bytes | None = None
+
+    def columns(self) -> list[PackedColumn]:
+        present = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        return [c for c in self.fmt.packed if c.table in present]
+
+    def settings(self, dictionary: bool, level: int | None, threshold: int | None) -> None:
+        stored_level, stored_threshold = _meta(self.conn, "pack_level"), _meta(self.conn, "pack_threshold")
+        self.level = level if level is not None else int(stored_level or DEFAULT_LEVEL)
+        self.threshold = threshold if threshold is not None else int(stored_threshold or DEFAULT_THRESHOLD)
+        if not 1 <= self.level <= 22:
+            raise DagsyncError(f"invalid zstd level {self.level}: give a level from 1 (fastest) to 22 (smallest)")
+        if self.threshold < MARKER_LENGTH + 1:
+            raise DagsyncError(
+                f"invalid threshold {self.threshold}: payloads shorter than a reference "
+                f"({MARKER_LENGTH} bytes) cannot be packed; give {MARKER_LENGTH + 1} or more"
+            )
+        stored_dict = _meta(self.conn, "pack_dict") or None
+        trained = self.train() if dictionary else None
+        if trained:
+            self.dict_data, self.dict_hash = trained, sha256(trained)
+        elif stored_dict:
+            # Without --dict, or with too few inline small payloads left to
+            # learn from, keep using the dictionary the file already has.
+            self.dict_hash = stored_dict
+            self.dict_data = next(iter(self.conn.execute("SELECT data FROM blob_dicts WHERE hash = ?", (stored_dict,))))[0]
+        self.conn.execute(
+            "CREATE TEMP TABLE pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL);"
+            "CREATE TEMP TABLE pack_dry (hash TEXT PRIMARY KEY);"
+            "CREATE TEMP TABLE pack_seen (hash TEXT PRIMARY KEY, size INTEGER);"
+        )
+        self.conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
+        self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
+        if self.dry_run:
+            return
+        with write_transaction(self.conn):
+            bookkeeping.ensure(self.conn)
+            self.conn.execute(DDL)
+            if self.dict_data:
+                self.conn.execute("INSERT OR IGNORE INTO blob_dicts (hash, data) VALUES (?, ?)", (self.dict_hash, self.dict_data))
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)",
+                [("pack_level", str(self.level)), ("pack_threshold", str(self.threshold)), ("pack_dict", self.dict_hash or "")],
+            )
+
+    def train(self) -> bytes | None:
+        """A dictionary trained on an even sample of the file's small payloads (None if too few)."""
+        samples: list[bytes] = []
+        for column in self.columns():
+            value = f'"{column.column}"'
+            total = next(iter(self.conn.execute(f'SELECT max(rowid) FROM "{column.table}"')))[0] or 0
+            step = max(1, total // DICT_SAMPLES)
+            samples += [
+                payload_bytes(v)
+                for (v,) in self.conn.execute(
+                    f'SELECT {value} FROM "{column.table}" WHERE rowid % ? = 0 AND typeof({value}) = ? '
+                    f"AND length(CAST({value} AS BLOB)) BETWEEN ? AND ? LIMIT ?",
+                    (step, column.holds, self.threshold, SMALL - 1, DICT_SAMPLES),
+                )
+            ]
+        if len(samples) < 100:
+            return None
+        self.progress("pack: training a dictionary", 0, 1)
+        return zstandard.train_dictionary(DICT_SIZE, samples, level=self.level).as_bytes()
+
+    def compress(self, value: str | bytes) -> bytes:
+        data = payload_bytes(value)
+        small = self.dict_data is not None and len(data) < SMALL
+        if small not in self.compressors:
+            self.compressors[small] = zstandard.ZstdCompressor(
+                level=self.level,
+                dict_data=zstandard.ZstdCompressionDict(self.dict_data) if small else None,
+                write_content_size=True,
+            )
+        return self.compressors[small].compress(data)
+
+    def pack_column(self, column: PackedColumn) -> ColumnReport:
+        table, value = f'main."{column.table}"', f't."{column.column}"'
+        packable = f"typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) >= {self.threshold}"
+        marker = (
+            f"CAST('{PREFIX}' || k.h AS BLOB)" if column.holds == "text" else f"'{PREFIX}' || k.h"
+        )
+        small = f"length(CAST({value} AS BLOB)) < {SMALL}"
+        dict_value = f"CASE WHEN {small} THEN ? END" if self.dict_hash else "NULL"
+        dict_params = (self.dict_hash,) if self.dict_hash else ()
+        packed = payload = 0
+        top = next(iter(self.conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
+        for low, high in _ranges(self.conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
+            with write_transaction(self.conn) if not self.dry_run else nullcontext():
+                self.conn.execute("DELETE FROM temp.pack_chunk")
+                self.conn.execute(
+                    f"INSERT INTO temp.pack_chunk SELECT t.rowid, dagsync_sha256({value}) FROM {table} t "
+                    f"WHERE t.rowid BETWEEN ? AND ? AND {packable}",
+                    (low, high),
+                )
+                n, size = next(iter(self.conn.execute(
+                    f"SELECT count(*), coalesce(sum(length(CAST({value} AS BLOB))), 0) FROM temp.pack_chunk k "
+                    f"JOIN {table} t ON t.rowid = k.rid"
+                )))  # fmt: skip
+                packed, payload = packed + n, payload + size
+                self.conn.execute(
+                    f"INSERT OR IGNORE INTO temp.pack_seen SELECT k.h, length(CAST({value} AS BLOB)) "
+                    f"FROM temp.pack_chunk k JOIN {table} t ON t.rowid = k.rid"
+                )
+                # One row per payload this chunk brings that the store lacks.
+                new = (
+                    f"SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM main.blobs) "
+                    "AND k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
+                    if not self.dry_run or is_packed(self.conn)
+                    else "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
+                )
+                distinct_new = f"SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, dagsync_compress({value}) FROM ({new}) n JOIN {table} t ON t.rowid = n.rid"
+                rows = list(self.conn.execute(distinct_new, dict_params))
+                self.new_blobs += len(rows)
+                self.new_payload_bytes += sum(r[1] for r in rows)
+                self.stored_bytes += sum(len(r[3]) for r in rows)
+                if self.dry_run:
+                    self.conn.executemany("INSERT INTO temp.pack_dry (hash) VALUES (?)", [(r[0],) for r in rows])
+                else:
+                    self.conn.executemany("INSERT INTO main.blobs (hash, size, dict, data) VALUES (?, ?, ?, ?)", rows)
+                    self.conn.execute(
+                        f'UPDATE {table} AS t SET "{column.column}" = {marker} FROM temp.pack_chunk k WHERE t.rowid = k.rid'
+                    )
+            self.progress(f"pack: {column.table}.{column.column}", high, top)
+        inline = next(iter(self.conn.execute(
+            f"SELECT count(*) FROM {table} t WHERE typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) < {self.threshold}"
+        )))[0]  # fmt: skip
+        return ColumnReport(column.table, column.column, packed, payload, inline)
+
+    def drop_temp(self) -> None:
+        self.distinct, self.distinct_bytes = next(
+            iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_seen"))
+        )
+        for name in ("pack_chunk", "pack_dry", "pack_seen"):
+            self.conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
+
+
+# -- unpack ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnpackReport:
+    path: str
+    format: str
+    dry_run: bool
+    values: int  # references replaced by their payloads
+    payload_bytes: int  # bytes put back inline
+    blobs_removed: int
+    file_bytes_before: int
+    file_bytes_after: int
+    vacuum: VacuumReport | None
+    seconds: float
+
+
+def unpack(
+    path: str | os.PathLike[str], *, dry_run: bool = False, vacuum: bool = False, progress: Progress | None = None
+) -> UnpackReport:
+    """Put every packed payload of ``path`` back inline, byte for byte, and remove the blob store.
+
+    Afterwards the file is an ordinary llm database again. A file that is not
+    packed is left as it is.
+    """
+    started = time.perf_counter()
+    db = open_target(path)
+    conn = db.conn
+    try:
+        before = os.path.getsize(path)
+        values = size = blobs = 0
+        if is_packed(conn):
+            register_functions(conn)
+            present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+            for column in (c for c in db.format.packed if c.table in present):
+                table = f'main."{column.table}"'
+                resolved = f"dagsync_unpack(t.\"{column.column}\", '{column.holds}')"
+                top = next(iter(conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
+                for low, high in _ranges(conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
+                    where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
+                    with write_transaction(conn) if not dry_run else nullcontext():
+                        n, b = next(iter(conn.execute(
+                            f"SELECT count(*), coalesce(sum(length(CAST({resolved} AS BLOB))), 0) FROM {table} t WHERE {where}"
+                        )))  # fmt: skip
+                        values, size = values + n, size + b
+                        if n and not dry_run:
+                            conn.execute(
+                                f'UPDATE {table} AS t SET "{column.column}" = {resolved} WHERE {where}'
+                            )
+                    progress and progress(f"unpack: {column.table}.{column.column}", high, top)
+            blobs = next(iter(conn.execute("SELECT count(*) FROM blobs")))[0]
+            if not dry_run:
+                with write_transaction(conn):
+                    # Rows written meanwhile by a merge into this packed file are
+                    # packed too: only drop the store when nothing refers to it.
+                    for column in (c for c in db.format.packed if c.table in present):
+                        if any(conn.execute(f'SELECT 1 FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')):
+                            raise DagsyncError(f"{path} gained packed rows while unpacking; run unpack again")
+                    conn.execute("DROP TABLE blobs; DROP TABLE blob_dicts")
+                    conn.execute("DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict')")
+        vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
+        return UnpackReport(
+            str(path), db.format.name, dry_run, values, size, blobs, before, os.path.getsize(path), vacuumed,
+            round(time.perf_counter() - started, 3),
+        )  # fmt: skip
+    finally:
+        db.close()
