@@ -250,9 +250,15 @@ def pack(
         db.close()
 
 
-def pack_new_rows(db: Database) -> None:
-    """Pack what is inline in an already-packed database, with its own settings (after a merge)."""
+def pack_new_rows(db: Database, source_schema: str | None = None) -> None:
+    """Pack what is inline in an already-packed database, with its own settings (after a merge).
+
+    With ``source_schema`` (an attached packed source), a payload whose blob
+    the source has is not compressed again: the blob and its dictionary are
+    copied by key.
+    """
     run = _Pack(db, False, None)
+    run.source = source_schema
     run.settings(False, None, None)
     for column in run.columns():
         run.pack_column(column)
@@ -291,6 +297,7 @@ class _Pack:
         self.compressors: dict[bool, zstandard.ZstdCompressor] = {}
         self.dict_hash: str | None = None
         self.dict_data: bytes | None = None
+        self.source: str | None = None
 
     def columns(self) -> list[PackedColumn]:
         present = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
@@ -325,15 +332,15 @@ class _Pack:
         self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
         if self.dry_run:
             return
+        wanted = {"pack_level": str(self.level), "pack_threshold": str(self.threshold), "pack_dict": self.dict_hash or ""}
+        if is_packed(self.conn) and all(_meta(self.conn, k) == v for k, v in wanted.items()):
+            return  # packed already, with these settings: nothing to write
         with write_transaction(self.conn):
             bookkeeping.ensure(self.conn)
             self.conn.execute(DDL)
             if self.dict_data:
                 self.conn.execute("INSERT OR IGNORE INTO blob_dicts (hash, data) VALUES (?, ?)", (self.dict_hash, self.dict_data))
-            self.conn.executemany(
-                "INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)",
-                [("pack_level", str(self.level)), ("pack_threshold", str(self.threshold)), ("pack_dict", self.dict_hash or "")],
-            )
+            self.conn.executemany("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", wanted.items())
 
     def train(self) -> bytes | None:
         """A dictionary trained on an even sample of the file's small payloads (None if too few)."""
@@ -394,6 +401,16 @@ class _Pack:
                     f"INSERT OR IGNORE INTO temp.pack_seen SELECT k.h, length(CAST({value} AS BLOB)) "
                     f"FROM temp.pack_chunk k JOIN {table} t ON t.rowid = k.rid"
                 )
+                if self.source and not self.dry_run:
+                    src = self.source
+                    self.conn.execute(
+                        f"INSERT OR IGNORE INTO main.blob_dicts SELECT d.hash, d.data FROM {src}.blob_dicts d "
+                        f"WHERE d.hash IN (SELECT b.dict FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk))"
+                    )
+                    self.conn.execute(
+                        f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, b.dict, b.data "
+                        f"FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk)"
+                    )
                 # One row per payload this chunk brings that the store lacks.
                 new = (
                     f"SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM main.blobs) "

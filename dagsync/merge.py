@@ -38,7 +38,7 @@ from typing import Any
 
 import apsw
 
-from dagsync import bookkeeping
+from dagsync import blobs, bookkeeping
 from dagsync.db import Database, Pacer, open_source, open_target, write_transaction
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
 from dagsync.formats import Format, JsonRef, Key, Table
@@ -191,6 +191,10 @@ def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress
                 )
             if not dry_run:
                 run.apply()
+                if run.target_packed:
+                    # A packed target stays packed: what arrived inline is packed
+                    # with the target's settings, blobs the source has copied by key.
+                    blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
             return run.report()
         except apsw.ConstraintError as exc:
             # Someone wrote a colliding row between plan and apply; every
@@ -243,6 +247,10 @@ class _SourceMerge:
         self.source_tables = {
             name for (name,) in self.conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")
         }
+        self.source_packed = blobs.is_packed(self.conn, "src")
+        self.target_packed = blobs.is_packed(self.conn, "main")
+        self.packed_columns = {(c.table, c.column): c for c in self.fmt.packed}
+        blobs.register_functions(self.conn)
         # The source may be a live llm database. Every read of it is bounded by
         # the highest rowid each table had at one instant (one read
         # transaction), so rows written during the merge wait for the next one
@@ -328,13 +336,22 @@ class _SourceMerge:
                 return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
             if ref_table.key is Key.INTEGER:
                 return f'(SELECT dst FROM temp."map_{ref}" WHERE src = {alias}."{column}")'
+        value = self.payload(table, column, alias)
         for json_ref in table.json_refs:
             if json_ref.column == column:
                 # Only JSON that can hold ids goes through Python.
                 return (
-                    f"CASE WHEN {alias}.\"{column}\" LIKE '%\"{json_ref.list_key}\"%' "
-                    f'THEN {self.json_function(json_ref)}({alias}."{column}") ELSE {alias}."{column}" END'
+                    f"CASE WHEN {value} LIKE '%\"{json_ref.list_key}\"%' "
+                    f"THEN {self.json_function(json_ref)}({value}) ELSE {value} END"
                 )
+        return value
+
+    def payload(self, table: Table, column: str, alias: str = "s") -> str:
+        """SQL for a source column as llm wrote it: a packed source's blob references
+        resolved (a packed target packs them again after the merge)."""
+        packed = self.packed_columns.get((table.name, column))
+        if packed is not None and self.source_packed:
+            return f"dagsync_unpack_src({alias}.\"{column}\", '{packed.holds}')"
         return f'{alias}."{column}"'
 
     def json_function(self, json_ref: JsonRef) -> str:
@@ -925,7 +942,7 @@ class _SourceMerge:
                 for part in owned:
                     c.execute(
                         f'INSERT INTO main."{part.name}" ({self.column_list(part)}) '
-                        f'SELECT {_quoted(self.columns[part.name], "s")} '
+                        f'SELECT {", ".join(self.payload(part, col) for col in self.columns[part.name])} '
                         f'FROM temp.msg_new n JOIN src."{part.name}" s ON s."{part.owner[0]}" = n.src '
                         "WHERE n.seq BETWEEN ? AND ?",
                         (low, high),
