@@ -85,6 +85,11 @@ def is_packed(conn: apsw.Connection, schema: str = "main") -> bool:
     return bookkeeping.has(conn, "blobs", schema)
 
 
+def generation(conn: apsw.Connection) -> str | None:
+    """A counter every transaction that writes blob references moves on (gc compares it)."""
+    return _meta(conn, "pack_generation")
+
+
 def marker_sql(column: PackedColumn, alias: str) -> str:
     """SQL true when ``alias.column`` holds a reference to a blob."""
     other = "blob" if column.holds == "text" else "text"
@@ -425,7 +430,11 @@ class _Pack:
                 self.stored_bytes += sum(len(r[3]) for r in rows)
                 if self.dry_run:
                     self.conn.executemany("INSERT INTO temp.pack_dry (hash) VALUES (?)", [(r[0],) for r in rows])
-                else:
+                elif n:
+                    self.conn.execute(
+                        "INSERT INTO _dagsync_meta (key, value) VALUES ('pack_generation', '1') "
+                        "ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+                    )
                     self.conn.executemany("INSERT INTO main.blobs (hash, size, dict, data) VALUES (?, ?, ?, ?)", rows)
                     self.conn.execute(
                         f'UPDATE {table} AS t SET "{column.column}" = {marker} FROM temp.pack_chunk k WHERE t.rowid = k.rid'

@@ -57,7 +57,8 @@ from typing import Any
 from dagsync import bookkeeping
 from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
 from dagsync.errors import DagsyncError
-from dagsync.formats import Collect, Table
+from dagsync import blobs
+from dagsync.formats import Collect, Key, PackedColumn, Table
 
 __all__ = ["DEFAULT_GRACE", "GcReport", "GcTable", "VacuumReport", "gc", "parse_grace"]
 
@@ -180,6 +181,18 @@ def gc(
         db.close()
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """A table of shared rows, deleted when nothing references them (``Collect.UNREFERENCED``)."""
+
+    name: str
+    pk: str
+    columns: tuple[str, ...]
+    refs: tuple[tuple[str, str], ...]  # (table, column) foreign keys pointing at it
+    markers: tuple[PackedColumn, ...] = ()  # packed values pointing at it (the blob store)
+    keep: str = "0"  # SQL over alias d: never delete this row
+
+
 def _bytes(columns: tuple[str, ...], alias: str) -> str:
     """SQL for the bytes a row's values take (text as UTF-8, numbers as written)."""
     return " + ".join(f'coalesce(length(CAST({alias}."{c}" AS BLOB)), 0)' for c in columns) or "0"
@@ -200,11 +213,29 @@ class _Gc:
         self.key = self.fmt.message_key
         self.parent = self.fmt.parent_column
         self.messages = next(t for t in self.fmt.tables if t.collect is Collect.UNREACHABLE)
-        self.shared = [t for t in self.fmt.tables if t.collect is Collect.UNREFERENCED and t.name in self.present]
+        self.shared = [
+            _Shared(t.name, self.fmt.primary_key(t.name), self.fmt.columns[t.name], self.fmt.referrers(t.name))
+            for t in self.fmt.tables
+            if t.collect is Collect.UNREFERENCED and t.name in self.present
+        ]
+        if blobs.is_packed(self.conn):
+            # The blob store (blobs.py): blobs nothing refers to, then dictionaries
+            # no blob uses - but never the one new rows are packed with.
+            markers = tuple(c for c in self.fmt.packed if c.table in self.present)
+            self.shared += [
+                _Shared("blobs", "hash", ("hash", "size", "dict", "data"), (), markers),
+                _Shared(
+                    "blob_dicts", "hash", ("hash", "data"), (("blobs", "dict"),),
+                    keep="d.hash IN (SELECT value FROM main._dagsync_meta WHERE key = 'pack_dict')",
+                ),
+            ]  # fmt: skip
+        self.generation = blobs.generation(self.conn)
         self.deleted: dict[str, list[int]] = {}
         self.waiting: dict[str, int] = {}
         self.root_count = self.reachable = self.unreachable = self.kept_by_grace = self.kept_as_new = 0
         self.dying_tables: set[str] = set()
+        # The sweep kept a row it meant to delete (written to meanwhile).
+        self.kept_back = False
         self.refs_made = False
 
     # -- plumbing ------------------------------------------------------------
@@ -248,22 +279,15 @@ class _Gc:
     def main_table(self, name: str) -> str:
         return f'main."{name}"'
 
-    def count(self, table: Table, where: str) -> tuple[int, int]:
-        """Rows of ``table`` matching ``where`` (over alias ``t``), and their bytes."""
-        columns = self.fmt.columns[table.name]
+    def delete(self, name: str, where: str, columns: tuple[str, ...] | None = None) -> None:
+        """Count, then (unless a dry run) delete, the rows of table ``name`` matching ``where`` (alias ``t``)."""
+        columns = columns or self.fmt.columns[name]
         rows, size = next(
-            self.conn.execute(f"SELECT count(*), coalesce(sum({_bytes(columns, 't')}), 0) FROM main.\"{table.name}\" t WHERE {where}")
+            self.conn.execute(f'SELECT count(*), coalesce(sum({_bytes(columns, "t")}), 0) FROM main."{name}" t WHERE {where}')
         )
-        return rows, size
-
-    def delete(self, table: Table, where: str) -> None:
-        """Count, then (unless a dry run) delete, the rows of ``table`` matching ``where`` (alias ``t``)."""
-        rows, size = self.count(table, where)
         if rows and not self.dry_run:
-            self.conn.execute(
-                f'DELETE FROM main."{table.name}" WHERE rowid IN (SELECT t.rowid FROM main."{table.name}" t WHERE {where})'
-            )
-        tally = self.deleted.setdefault(table.name, [0, 0])
+            self.conn.execute(f'DELETE FROM main."{name}" WHERE rowid IN (SELECT t.rowid FROM main."{name}" t WHERE {where})')
+        tally = self.deleted.setdefault(name, [0, 0])
         tally[0] += rows
         tally[1] += size
 
@@ -375,7 +399,14 @@ class _Gc:
         )
 
     def dying(self, table: Table, alias: str) -> str:
-        """SQL true when row ``alias`` of ``table`` goes with a candidate message (0 for other tables)."""
+        """SQL true when row ``alias`` of ``table`` is to be deleted by this run: it goes with a
+        candidate message, or it is a shared row classified for deletion (0 for other tables)."""
+        shared = next((t for t in self.shared if t.name == table.name), None)
+        if shared is not None and self.refs_made:
+            return (
+                f'{alias}."{shared.pk}" IN (SELECT key FROM temp.gc_dep WHERE tbl = \'{shared.name}\' '
+                f"AND state IN ({DYING}, {UNREFERENCED_OLD}))"
+            )
         if table.collect is not Collect.WITH_OWNER or table.owned_by is None:
             return "0"
         owner = self.fmt.table(self.fmt.references[table.name][table.owned_by])
@@ -396,7 +427,7 @@ class _Gc:
             self.dying_tables.add(dying)
         return f'{alias}."{table.owned_by}" IN (SELECT key FROM temp.{dying})'
 
-    def mark_shared(self, table: Table) -> None:
+    def mark_shared(self, table: _Shared) -> None:
         """Classify each row of a shared table: referenced by a survivor, only by dying rows, or by nothing."""
         if not self.refs_made:
             self.conn.execute(
@@ -405,10 +436,10 @@ class _Gc:
                 "CREATE TEMP TABLE gc_dep (tbl TEXT, key, state INTEGER, PRIMARY KEY (tbl, key));"
             )
             self.refs_made = True
-        for other, column in self.fmt.referrers(table.name):
+        for other, column in table.refs:
             if other not in self.present:
                 continue
-            referrer = self.fmt.table(other)
+            referrer = self.fmt.table(other) if other in self.fmt.columns else Table(other, Key.TEXT)
             for low, high in self.ranges(self.main_table(other), f"gc: reading {other}"):
                 self.conn.execute(
                     f'INSERT INTO temp.gc_ref SELECT ?, t."{column}", {self.dying(referrer, "t")} '
@@ -429,7 +460,16 @@ class _Gc:
                     f'AND json_valid(t."{ref.column}") AND replace(j.fullkey, \'"\', \'\') GLOB ?',
                     (table.name, low, high, needle, ref.glob),
                 )
-        pk = self.fmt.primary_key(table.name)
+        for packed in table.markers:
+            referrer = self.fmt.table(packed.table)
+            ref = f'substr(CAST(t."{packed.column}" AS TEXT), {len(blobs.PREFIX) + 1})'
+            for low, high in self.ranges(self.main_table(packed.table), f"gc: reading {packed.table}.{packed.column}"):
+                self.conn.execute(
+                    f'INSERT INTO temp.gc_ref SELECT ?, {ref}, {self.dying(referrer, "t")} FROM main."{packed.table}" t '
+                    f"WHERE t.rowid BETWEEN ? AND ? AND {blobs.marker_sql(packed, 't')}",
+                    (table.name, low, high),
+                )
+        pk = table.pk
         seen = (
             f"(SELECT first_seen FROM main.{SEEN} s WHERE s.tbl = ?1 AND s.key = CAST(d.\"{pk}\" AS TEXT))"
             if self.has_seen_table()
@@ -440,7 +480,7 @@ class _Gc:
                 f'INSERT INTO temp.gc_dep SELECT ?1, d."{pk}", CASE '
                 f'WHEN EXISTS (SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = d."{pk}") THEN {DYING} '
                 f"WHEN {seen} <= ?4 THEN {UNREFERENCED_OLD} ELSE {WAITING} END "
-                f'FROM main."{table.name}" d WHERE d.rowid BETWEEN ?2 AND ?3 AND NOT EXISTS '
+                f'FROM main."{table.name}" d WHERE d.rowid BETWEEN ?2 AND ?3 AND NOT ({table.keep}) AND NOT EXISTS '
                 f'(SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = d."{pk}" AND NOT r.dying)',
                 (table.name, low, high, self.cutoff),
             )
@@ -463,7 +503,7 @@ class _Gc:
                 self.protect(high)
                 where = f't."{self.key}" IN (SELECT key FROM temp.gc_chunk)'
                 self.delete_owned(self.messages, where)
-                self.delete(self.messages, where)
+                self.delete(self.messages.name, where)
                 if not self.dry_run:
                     if MESSAGE_MAP in self.present:
                         self.conn.execute(f"DELETE FROM main.{MESSAGE_MAP} WHERE target_id IN (SELECT key FROM temp.gc_chunk)")
@@ -503,6 +543,7 @@ class _Gc:
             if not kept:
                 return
             self.kept_as_new += len(kept)
+            self.kept_back = True
             self.conn.executemany("DELETE FROM temp.gc_cand WHERE key = ?", [(k,) for k in kept])
             self.conn.executemany("DELETE FROM temp.gc_chunk WHERE key = ?", [(k,) for k in kept])
             # Their parents in this chunk now have a child that stays: look again.
@@ -520,7 +561,7 @@ class _Gc:
                 f't."{child.owned_by}" IN (SELECT t."{column}" FROM main."{table.name}" t WHERE {where})'
             )
             self.delete_owned(child, child_where)
-            self.delete(child, child_where)
+            self.delete(child.name, child_where)
 
     def mark_dying_as_old(self) -> None:
         """Record the shared rows only candidates reference as past their grace period.
@@ -550,7 +591,7 @@ class _Gc:
             return
         self.conn.execute("CREATE TEMP TABLE gc_dep_chunk (key PRIMARY KEY)")
         for table in self.shared:
-            pk = self.fmt.primary_key(table.name)
+            pk = table.pk
             where = f"tbl = '{table.name}' AND state IN ({DYING}, {UNREFERENCED_OLD})"
             for low, high in self.ranges("temp.gc_dep", writes=True, where=where):
                 with self.transaction():
@@ -560,14 +601,30 @@ class _Gc:
                         (low, high),
                     )
                     if not self.dry_run:
+                        before = self.one("SELECT count(*) FROM temp.gc_dep_chunk")
+                        if table.markers:
+                            # Blob references are not indexed, so they are not looked
+                            # up again here. Instead: if pack or merge wrote references
+                            # since the mark, leave the store to the next run; if the
+                            # sweep kept rows it meant to delete, keep the blobs they use.
+                            if blobs.generation(self.conn) != self.generation:
+                                self.conn.execute("DELETE FROM temp.gc_dep_chunk")
+                            elif self.kept_back:
+                                self.conn.execute(
+                                    f"DELETE FROM temp.gc_dep_chunk WHERE key IN (SELECT key FROM temp.gc_dep "
+                                    f"WHERE tbl = ? AND state = {DYING})",
+                                    (table.name,),
+                                )
                         # A reference written since the mark, or kept by the sweep, keeps the row.
-                        for other, column in self.fmt.referrers(table.name):
+                        for other, column in table.refs:
                             if other in self.present:
                                 self.conn.execute(
                                     f'DELETE FROM temp.gc_dep_chunk WHERE key IN (SELECT t."{column}" '
                                     f'FROM main."{other}" t WHERE t."{column}" IN (SELECT key FROM temp.gc_dep_chunk))'
                                 )
-                    self.delete(table, f't."{pk}" IN (SELECT key FROM temp.gc_dep_chunk)')
+                        if self.one("SELECT count(*) FROM temp.gc_dep_chunk") != before:
+                            self.kept_back = True
+                    self.delete(table.name, f't."{pk}" IN (SELECT key FROM temp.gc_dep_chunk)', table.columns)
                     if not self.dry_run:
                         self.conn.execute(
                             f"DELETE FROM main.{SEEN} WHERE tbl = ? AND key IN "
@@ -627,7 +684,8 @@ class _Gc:
 
     def tables(self) -> tuple[GcTable, ...]:
         names = [t.name for t in self.fmt.tables if t.name in self.deleted or t.name in self.waiting]
-        extra = [n for n in self.deleted if n not in names]
+        extra = [n for n in [*self.deleted, *self.waiting] if n not in names]
+        extra = list(dict.fromkeys(extra))
         return tuple(
             GcTable(n, *self.deleted.get(n, (0, 0)), waiting=self.waiting.get(n, 0)) for n in [*names, *extra]
         )
