@@ -43,7 +43,7 @@ import zstandard
 
 from dagsync import bookkeeping
 from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
-from dagsync.errors import DagsyncError, MissingBlob
+from dagsync.errors import DagsyncError, BlobError
 from dagsync.formats import Format, PackedColumn
 
 __all__ = [
@@ -120,11 +120,11 @@ class Blobs:
                 self.decompressors[None] = zstandard.ZstdDecompressor()
             else:
                 row = next(
-                    iter(self.conn.execute(f"SELECT data FROM {self.schema}.blob_dicts WHERE hash = ?", (dict_hash,))),
+                    iter(self.conn.execute(f"SELECT CAST(data AS BLOB) FROM {self.schema}.blob_dicts WHERE hash = ?", (dict_hash,))),
                     None,
                 )
                 if row is None:
-                    raise MissingBlob(f"blob dictionary {dict_hash} is missing")
+                    raise BlobError(f"blob dictionary {dict_hash} is missing")
                 self.decompressors[dict_hash] = zstandard.ZstdDecompressor(
                     dict_data=zstandard.ZstdCompressionDict(row[0])
                 )
@@ -138,16 +138,19 @@ class Blobs:
     def payload(self, blob_hash: str) -> bytes:
         """The bytes stored under ``blob_hash``.
 
-        :raises MissingBlob: the blob (or its dictionary) is missing.
+        :raises BlobError: the blob (or its dictionary) is missing, or does not decompress.
         """
         row = None
         if self.exists():
             row = next(
-                iter(self.conn.execute(f"SELECT dict, data FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,))), None
+                iter(self.conn.execute(f"SELECT dict, CAST(data AS BLOB) FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,))), None
             )
         if row is None:
-            raise MissingBlob(f"blob {blob_hash} is missing")
-        return self.decompressor(row[0]).decompress(row[1])
+            raise BlobError(f"blob {blob_hash} is missing")
+        try:
+            return self.decompressor(row[0]).decompress(row[1])
+        except zstandard.ZstdError as exc:
+            raise BlobError(f"blob {blob_hash} does not decompress: {exc}") from exc
 
     def resolve(self, value: Any, holds: str) -> Any:
         """A column value as llm wrote it: a reference replaced by its payload, anything else as it is."""

@@ -22,6 +22,7 @@ import click
 import typer
 
 from dagsync import __version__
+from dagsync.blobs import DEFAULT_LEVEL, PackReport, UnpackReport, pack, unpack
 from dagsync.canonicalise import CanonicaliseReport, canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
 from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
@@ -52,6 +53,14 @@ QuietOption = Annotated[
 ]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be done; write nothing.")
+]
+VacuumOption = Annotated[
+    bool,
+    typer.Option(
+        "--vacuum",
+        help="Give the freed space back to the file system afterwards (in short steps once the "
+        "file is in incremental auto-vacuum mode; the first time, one full VACUUM switches it).",
+    ),
 ]
 
 
@@ -367,14 +376,7 @@ def gc_command(
         ),
     ] = DEFAULT_GRACE,
     dry_run: DryRunOption = False,
-    vacuum: Annotated[
-        bool,
-        typer.Option(
-            "--vacuum",
-            help="Give the freed space back to the file system afterwards (in short steps once the "
-            "file is in incremental auto-vacuum mode; the first time, one full VACUUM switches it).",
-        ),
-    ] = False,
+    vacuum: VacuumOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -395,6 +397,88 @@ def gc_command(
         report = gc(db or default_database(), grace=seconds, dry_run=dry_run, vacuum=vacuum, progress=progress)
     # Unattended (stdout not a terminal) is quiet on success, unless JSON was asked for.
     _emit(report, as_json, quiet or not sys.stdout.isatty(), _render_gc)
+
+
+def _render_pack(r: PackReport) -> str:
+    verb = "would pack" if r.dry_run else "packed"
+    lines = [
+        f"{r.path}: {verb} {sum(c.packed for c in r.columns):,} payload(s), {_human_bytes(r.payload_bytes)} "
+        f"({r.format} format, zstd level {r.level}, threshold {r.threshold} B"
+        + (f", dictionary {r.dictionary[:12]}" if r.dictionary else "")
+        + f", {r.seconds:.1f}s)",
+        f"  distinct payloads {r.distinct_payloads:,} ({_human_bytes(r.distinct_bytes)}): dedup {r.dedup_ratio:.2f}x",
+        f"  new blobs {r.new_blobs:,}, stored in {_human_bytes(r.stored_bytes)}: compression {r.compression_ratio:.2f}x",
+    ]
+    for c in r.columns:
+        lines.append(f"    {c.table + '.' + c.column:<22} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
+    lines.append(f"  file {_human_bytes(r.file_bytes_before)} -> {_human_bytes(r.file_bytes_after)}")
+    if r.vacuum:
+        lines[-1] += f" (vacuum: {r.vacuum.mode})"
+    return "\n".join(lines)
+
+
+def _render_unpack(r: UnpackReport) -> str:
+    verb = "would restore" if r.dry_run else "restored"
+    tail = f" (vacuum: {r.vacuum.mode})" if r.vacuum else ""
+    return (
+        f"{r.path}: {verb} {r.values:,} payload(s), {_human_bytes(r.payload_bytes)}, from {r.blobs_removed:,} blob(s) "
+        f"({r.format} format, {r.seconds:.1f}s)\n  file {_human_bytes(r.file_bytes_before)} -> "
+        f"{_human_bytes(r.file_bytes_after)}{tail}"
+    )
+
+
+@app.command("pack")
+@_reported
+def pack_command(
+    db: DbArgument = None,
+    dictionary: Annotated[
+        bool,
+        typer.Option("--dict", help="Train a zstd dictionary on the file's own small payloads and use it for them."),
+    ] = False,
+    level: Annotated[
+        Optional[int],
+        typer.Option("--level", help=f"zstd level, 1 (fastest) to 22 (smallest). Default: the file's, else {DEFAULT_LEVEL}.", show_default=False),
+    ] = None,
+    threshold: Annotated[
+        Optional[int],
+        typer.Option("--threshold", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 256.", show_default=False),
+    ] = None,
+    dry_run: DryRunOption = False,
+    vacuum: VacuumOption = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Store each part payload once, zstd-compressed, in a content-addressed blob table.
+
+    Moves message parts' text and JSON (and, in the llm format, fragments and
+    attachments) into the blob store, leaving a reference in the row. Packing
+    again packs only new rows. Every dagsync command reads packed files; llm
+    does not: run `dagsync unpack` before using the file with llm again.
+    """
+    with _Progress() as progress:
+        report = pack(
+            db or default_database(), dictionary=dictionary, level=level, threshold=threshold,
+            dry_run=dry_run, vacuum=vacuum, progress=progress,
+        )  # fmt: skip
+    _emit(report, as_json, quiet, _render_pack)
+
+
+@app.command("unpack")
+@_reported
+def unpack_command(
+    db: DbArgument = None,
+    dry_run: DryRunOption = False,
+    vacuum: VacuumOption = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Put every packed payload back in its row, byte for byte, and remove the blob store.
+
+    Afterwards llm reads the file again.
+    """
+    with _Progress() as progress:
+        report = unpack(db or default_database(), dry_run=dry_run, vacuum=vacuum, progress=progress)
+    _emit(report, as_json, quiet, _render_unpack)
 
 
 def main() -> None:

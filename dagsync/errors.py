@@ -38,5 +38,5 @@ class DamagedSource(DagsyncError):
     """A source whose rows contradict themselves (a cycle, a dangling reference)."""
 
 
-class MissingBlob(DagsyncError, LookupError):
-    """A packed value refers to a blob (or a blob to a dictionary) the file does not have."""
+class BlobError(DagsyncError, LookupError):
+    """A packed value cannot be read: its blob or the blob's dictionary is missing or damaged."""
