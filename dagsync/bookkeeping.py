@@ -6,6 +6,12 @@ and are ignored by llm: a file without them is an ordinary llm database.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+
 import apsw
 
 LAYOUT_VERSION = "1"
@@ -47,3 +53,47 @@ def ensure(conn: apsw.Connection) -> None:
 
 def has(conn: apsw.Connection, table: str, schema: str = "main") -> bool:
     return any(conn.execute(f"SELECT 1 FROM {schema}.sqlite_schema WHERE type = 'table' AND name = ?", (table,)))
+
+
+# A merge in progress: copied messages keep their own (old) created_at and are
+# unreachable until the merge's last steps point at them, so gc must wait.
+MERGING = "merging:"
+# A marker from another host counts as live for this long.
+MERGE_MARKER_HOURS = 24
+
+
+@contextlib.contextmanager
+def merging(conn: apsw.Connection) -> Iterator[None]:
+    """Mark the database as being merged into for the duration of the block (gc waits)."""
+    from dagsync.db import write_transaction
+
+    key = f"{MERGING}{socket.gethostname()}:{os.getpid()}"
+    with write_transaction(conn):
+        ensure(conn)
+        conn.execute("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", (key, str(time.time())))
+    try:
+        yield
+    finally:
+        with write_transaction(conn):
+            conn.execute("DELETE FROM _dagsync_meta WHERE key = ?", (key,))
+
+
+def merge_running(conn: apsw.Connection) -> bool:
+    """Whether a merge into this database is under way (a marker whose process still runs)."""
+    if not has(conn, "_dagsync_meta"):
+        return False
+    host = socket.gethostname()
+    for key, started in conn.execute("SELECT key, value FROM _dagsync_meta WHERE key LIKE ?", (MERGING + "%",)):
+        marker_host, _, pid = key[len(MERGING) :].rpartition(":")
+        if marker_host != host:
+            if time.time() - float(started) < MERGE_MARKER_HOURS * 3600:
+                return True
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            continue  # a merge that was killed: its marker is stale
+        except (PermissionError, ValueError):
+            return True
+        return True
+    return False

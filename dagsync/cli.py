@@ -348,6 +348,8 @@ def _render_gc(r: GcReport) -> str:
             if t.waiting:
                 bits.append(f"{t.waiting:,} waiting out the grace period")
             lines.append(f"    {t.table:<18} {', '.join(bits)}")
+    if r.merge_in_progress:
+        lines.append("  a merge into this file was under way: unreachable messages were left for the next run")
     if r.kept_as_new:
         lines.append(f"  kept {r.kept_as_new:,} message(s) that became reachable while gc ran")
     if r.vacuum:

@@ -282,6 +282,14 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
             _quick_check(conn, path)
         fmt = detect_format(conn, path)
         check_tables(conn, path, fmt)
+    except apsw.ReadOnlyError as exc:
+        conn.close()
+        # A hot journal: only a connection that may write can roll it back.
+        raise NotADatabase(
+            f"{path} has an unfinished transaction in {path.name}-journal (a process stopped "
+            "while writing it); a read-only open cannot roll that back: open the file read-write "
+            f"once (for example: sqlite3 '{path}' 'PRAGMA quick_check'), then try again"
+        ) from exc
     except BaseException:
         conn.close()
         raise

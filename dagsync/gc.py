@@ -99,6 +99,7 @@ class GcReport:
     unreachable: int  # messages no root reaches
     kept_by_grace: int  # unreachable messages kept: inside the grace period, or reached by one that is
     kept_as_new: int  # candidates the sweep found reachable again (written meanwhile)
+    merge_in_progress: bool  # a merge into the file was under way: messages were left for the next run
     tables: tuple[GcTable, ...]
     deleted: int  # rows, every table
     deleted_bytes: int
@@ -170,6 +171,7 @@ def gc(
             unreachable=run.unreachable,
             kept_by_grace=run.kept_by_grace,
             kept_as_new=run.kept_as_new,
+            merge_in_progress=run.merge_in_progress,
             tables=tables,
             deleted=sum(t.deleted for t in tables),
             deleted_bytes=sum(t.bytes for t in tables),
@@ -236,6 +238,7 @@ class _Gc:
         self.dying_tables: set[str] = set()
         # The sweep kept a row it meant to delete (written to meanwhile).
         self.kept_back = False
+        self.merge_in_progress = False
         self.refs_made = False
 
     # -- plumbing ------------------------------------------------------------
@@ -498,6 +501,11 @@ class _Gc:
         done = 0
         for low, high in self.ranges("temp.gc_cand", writes=True):
             with self.transaction():
+                if bookkeeping.merge_running(self.conn):
+                    # Messages a merge has copied look old and unreachable until
+                    # its last steps point at them: leave the rest to the next run.
+                    self.merge_in_progress = self.kept_back = True
+                    break
                 self.conn.execute("DELETE FROM temp.gc_chunk")
                 self.conn.execute("INSERT INTO temp.gc_chunk SELECT key FROM temp.gc_cand WHERE seq BETWEEN ? AND ?", (low, high))
                 self.protect(high)

@@ -26,6 +26,7 @@ found by key, so a second merge writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -189,13 +190,17 @@ def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress
                     + (f"; and {more} more" if more > 0 else ""),
                     run.conflicts,
                 )
+            report = run.report()
             if not dry_run:
-                run.apply()
-                if run.target_packed:
-                    # A packed target stays packed: what arrived inline is packed
-                    # with the target's settings, blobs the source has copied by key.
-                    blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
-            return run.report()
+                # Marked while it copies rows, so a gc beside it waits (see bookkeeping.merging).
+                with bookkeeping.merging(target.conn) if report.written else contextlib.nullcontext():
+                    run.apply()
+                    if run.target_packed:
+                        # A packed target stays packed: what arrived inline is packed
+                        # with the target's settings, blobs the source has copied by key.
+                        blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
+                report = run.report()
+            return report
         except apsw.ConstraintError as exc:
             # Someone wrote a colliding row between plan and apply; every
             # commit so far is consistent, so plan again from the files.

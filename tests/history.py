@@ -7,6 +7,7 @@ content hashes from the root down to it.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -21,6 +22,13 @@ SELECT id, p FROM path
 
 
 def connect(path: Path) -> sqlite3.Connection:
+    journal = Path(f"{path}-journal")
+    if journal.exists() and journal.stat().st_size:
+        # A process killed mid-write left a hot journal; a read-only connection
+        # cannot roll it back. Do what the next llm or dagsync would: open the
+        # file read-write once, which rolls it back.
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
     return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
 
 
