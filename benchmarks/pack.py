@@ -1,0 +1,214 @@
+"""Benchmark `dagsync pack`: file size, dictionary gain, throughput, memory, in one run.
+
+    .venv/bin/python benchmarks/pack.py                   # >= 1M rows (the merge benchmark's data)
+    .venv/bin/python benchmarks/pack.py --quick           # small smoke run
+    .venv/bin/python benchmarks/pack.py --format llm --json
+    .venv/bin/python benchmarks/pack.py --quick --thresholds 128,256,512,1024   # choose the threshold
+
+The subject is one machine of the merge benchmark's generated family
+(``benchmarks/merge.py``'s cache under ``bench-data/``: text from the fixture
+generator, >= 1M rows at the default size). Each measurement runs in its own
+child process (peak RSS is its own ``VmHWM``):
+
+1. **raw** - the payloads ``pack`` would pack (values of ``Format.packed``
+   columns at least the threshold long), read from the file and compressed
+   one by one with ``zstandard`` at the same level in one loop; only the
+   compress calls are timed. Payload MB/s.
+2. **pack** - ``dagsync.blobs.pack(copy, dictionary=True, vacuum=True)`` on a
+   fresh copy: time (without the vacuum), payload MB/s, file size before and
+   after pack + vacuum.
+3. **dictionary** - the payloads under 1 KiB that pack packs, compressed one
+   by one without and with a dictionary trained the way ``pack --dict`` trains
+   it: total compressed bytes each way.
+
+Goals (issue 5/5): file after pack + vacuum <= 30% of before; dictionary >=
+1.5x smaller than plain zstd on payloads under 1 KiB; pack throughput >= 0.5x
+raw zstandard; peak RSS <= 200 MB. Measurements, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import merge as merge_bench  # noqa: E402  (benchmarks/merge.py: data cache and helpers)
+
+GOAL_SIZE = 0.30
+GOAL_DICT = 1.5
+GOAL_THROUGHPUT = 0.5
+GOAL_RSS_MB = 200
+
+
+def _payloads(path: str, threshold: int, below: int | None = None):
+    """Every value pack would pack, as bytes, streamed from the file."""
+    import apsw
+
+    from dagsync.db import open_source
+
+    with open_source(path, quick_check=False) as db:
+        conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+        for column in db.format.packed:
+            value = f'"{column.column}"'
+            upper = f" AND length(CAST({value} AS BLOB)) < {below}" if below else ""
+            try:
+                rows = conn.execute(
+                    f'SELECT CAST({value} AS BLOB) FROM "{column.table}" WHERE typeof({value}) = ? '
+                    f"AND length(CAST({value} AS BLOB)) >= ?{upper}",
+                    (column.holds, threshold),
+                )
+                yield from (bytes(v) for (v,) in rows)
+            except apsw.SQLError:
+                continue  # a table this file does not have
+
+
+def child_raw(path: str, level: int, threshold: int) -> dict:
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    seconds = 0.0
+    total = stored = count = 0
+    for payload in _payloads(path, threshold):
+        started = time.perf_counter()
+        frame = compressor.compress(payload)
+        seconds += time.perf_counter() - started
+        total += len(payload)
+        stored += len(frame)
+        count += 1
+    return {"seconds": round(seconds, 3), "payloads": count, "payload_bytes": total, "stored_bytes": stored,
+            "mb_per_s": round(total / 1e6 / seconds, 1) if seconds else None, "peak_rss_mb": merge_bench.peak_rss_mb()}  # fmt: skip
+
+
+def child_pack(path: str, level: int, threshold: int) -> dict:
+    from dagsync.blobs import pack
+    from dagsync.db import open_target, vacuum
+
+    before = os.path.getsize(path)
+    started = time.perf_counter()
+    report = pack(path, dictionary=True, level=level, threshold=threshold)
+    seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    db = open_target(path)
+    try:
+        vacuumed = vacuum(db)
+    finally:
+        db.close()
+    return {
+        "seconds": round(seconds, 3), "vacuum_seconds": round(time.perf_counter() - started, 3),
+        "payload_bytes": report.payload_bytes, "distinct_payloads": report.distinct_payloads,
+        "distinct_bytes": report.distinct_bytes, "stored_bytes": report.stored_bytes,
+        "dedup_ratio": report.dedup_ratio, "compression_ratio": report.compression_ratio,
+        "file_before": before, "file_after": os.path.getsize(path), "vacuum_mode": vacuumed.mode,
+        "mb_per_s": round(report.payload_bytes / 1e6 / seconds, 1) if seconds else None,
+        "peak_rss_mb": merge_bench.peak_rss_mb(),
+    }  # fmt: skip
+
+
+def child_dictionary(path: str, level: int, threshold: int) -> dict:
+    import zstandard
+
+    from dagsync.blobs import DICT_SAMPLES, DICT_SIZE, SMALL
+
+    # The sample pack --dict trains on: an even spread, at most DICT_SAMPLES.
+    small = list(_payloads(path, threshold, below=SMALL))
+    step = max(1, len(small) // DICT_SAMPLES)
+    trained = zstandard.train_dictionary(DICT_SIZE, small[::step][:DICT_SAMPLES], level=level)
+    plain = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    with_dict = zstandard.ZstdCompressor(level=level, dict_data=trained, write_content_size=True)
+    plain_bytes = sum(len(plain.compress(p)) for p in small)
+    dict_bytes = sum(len(with_dict.compress(p)) for p in small)
+    return {"payloads": len(small), "payload_bytes": sum(map(len, small)), "plain_bytes": plain_bytes,
+            "dict_bytes": dict_bytes, "gain": round(plain_bytes / dict_bytes, 2) if dict_bytes else None,
+            "peak_rss_mb": merge_bench.peak_rss_mb()}  # fmt: skip
+
+
+CHILDREN = {"raw": child_raw, "pack": child_pack, "dictionary": child_dictionary}
+
+
+def run_child(kind: str, path: Path, level: int, threshold: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(path), str(level), str(threshold)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} child failed with exit status {proc.returncode}")
+    return json.loads(proc.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", choices=["dag", "llm"], default="dag")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--level", type=int, default=3)
+    parser.add_argument("--threshold", type=int, default=256)
+    parser.add_argument("--thresholds", default=None, help="Comma-separated: file size after pack + vacuum for each.")
+    parser.add_argument("--data", type=Path, default=ROOT / "bench-data")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", nargs=4, metavar=("KIND", "PATH", "LEVEL", "THRESHOLD"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, path, level, threshold = args.child
+        print(json.dumps(CHILDREN[kind](path, int(level), int(threshold))))
+        return 0
+
+    merge_bench.FORMAT = args.format
+    conversations = args.conversations or (merge_bench.QUICK_CONVERSATIONS if args.quick else merge_bench.DEFAULT_CONVERSATIONS)
+    source, _, meta = merge_bench.ensure_family(args.data, conversations, args.seed)
+    work = args.data / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    copy = work / f"pack-{args.format}-n{conversations}.db"
+    merge_bench.warm(source)
+    rows = sum(merge_bench.table_rows(source).values())
+    results: dict = {"format": args.format, "conversations": conversations, "rows": rows, "level": args.level}
+
+    if args.thresholds:
+        sizes = {}
+        for threshold in (int(t) for t in args.thresholds.split(",")):
+            merge_bench.fresh_copy(source, copy)
+            r = run_child("pack", copy, args.level, threshold)
+            sizes[threshold] = {"file_after": r["file_after"], "fraction": round(r["file_after"] / r["file_before"], 4),
+                                "seconds": r["seconds"]}  # fmt: skip
+            merge_bench.log(f"threshold {threshold}: {sizes[threshold]}")
+        results["thresholds"] = sizes
+    else:
+        results["threshold"] = args.threshold
+        results["raw"] = run_child("raw", source, args.level, args.threshold)
+        merge_bench.log(f"raw zstandard: {results['raw']}")
+        merge_bench.fresh_copy(source, copy)
+        results["pack"] = run_child("pack", copy, args.level, args.threshold)
+        merge_bench.log(f"pack: {results['pack']}")
+        results["dictionary"] = run_child("dictionary", source, args.level, args.threshold)
+        merge_bench.log(f"dictionary: {results['dictionary']}")
+        p, raw, d = results["pack"], results["raw"], results["dictionary"]
+        results["size_fraction"] = round(p["file_after"] / p["file_before"], 4)
+        results["throughput_ratio"] = round(p["mb_per_s"] / raw["mb_per_s"], 2) if raw["mb_per_s"] else None
+    copy.unlink(missing_ok=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif "thresholds" not in results:
+        p, raw, d = results["pack"], results["raw"], results["dictionary"]
+        print(f"pack benchmark, {args.format} format, {rows:,} rows, zstd level {args.level}, threshold {args.threshold} B")
+        print(f"  file after pack + vacuum: {p['file_after'] / 1e6:.1f} MB of {p['file_before'] / 1e6:.1f} MB "
+              f"= {results['size_fraction']:.1%} (goal <= {GOAL_SIZE:.0%})")  # fmt: skip
+        print(f"  dictionary on {d['payloads']:,} payloads under 1 KiB: {d['plain_bytes'] / 1e6:.2f} MB plain, "
+              f"{d['dict_bytes'] / 1e6:.2f} MB with it = {d['gain']}x smaller (goal >= {GOAL_DICT}x)")  # fmt: skip
+        print(f"  throughput: pack {p['mb_per_s']} MB/s, raw zstandard {raw['mb_per_s']} MB/s = "
+              f"{results['throughput_ratio']}x (goal >= {GOAL_THROUGHPUT}x); pack {p['seconds']}s, vacuum {p['vacuum_seconds']}s ({p['vacuum_mode']})")  # fmt: skip
+        print(f"  payloads {p['payload_bytes'] / 1e6:.1f} MB, dedup {p['dedup_ratio']}x, compression {p['compression_ratio']}x")
+        print(f"  peak RSS: pack {p['peak_rss_mb']} MB (goal <= {GOAL_RSS_MB})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
