@@ -35,6 +35,13 @@ demo: $(VENV)/.installed
 	@$(BIN)/dagsync verify $(DEMO)/merged.db
 	@echo; echo "== dagsync stats $(DEMO)/merged.db"
 	@$(BIN)/dagsync stats $(DEMO)/merged.db
+	@echo; echo "== dagsync gc --dry-run: what nothing reaches (none yet)"
+	@$(BIN)/dagsync gc $(DEMO)/merged.db --dry-run --json | $(BIN)/python -c 'import json, sys; r = json.load(sys.stdin); print("%d messages reachable, %d unreachable, %d rows would be deleted" % (r["reachable"], r["unreachable"], r["deleted"]))'
+	@echo; echo "== dagsync pack --dict, then unpack: each payload stored once, compressed; and back"
+	@cp $(DEMO)/merged.db $(DEMO)/packed.db
+	@$(BIN)/dagsync pack $(DEMO)/packed.db --dict --vacuum
+	@$(BIN)/dagsync verify $(DEMO)/packed.db
+	@$(BIN)/dagsync unpack $(DEMO)/packed.db
 	@echo; echo "== the llm 0.36 format: two machines' logs.db, merged"
 	$(BIN)/python -m fixtures llm $(DEMO)/llm --family --seed 7 --machines 2 --conversations 300
 	@$(BIN)/dagsync merge $(DEMO)/llm/merged.db $(DEMO)/llm/machine-1.db $(DEMO)/llm/machine-2.db

@@ -412,7 +412,7 @@ def _render_pack(r: PackReport) -> str:
         f"  new blobs {r.new_blobs:,}, stored in {_human_bytes(r.stored_bytes)}: compression {r.compression_ratio:.2f}x",
     ]
     for c in r.columns:
-        lines.append(f"    {c.table + '.' + c.column:<22} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
+        lines.append(f"    {c.table + '.' + c.column:<28} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
     lines.append(f"  file {_human_bytes(r.file_bytes_before)} -> {_human_bytes(r.file_bytes_after)}")
     if r.vacuum:
         lines[-1] += f" (vacuum: {r.vacuum.mode})"
