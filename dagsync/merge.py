@@ -27,6 +27,7 @@ found by key, so a second merge writes nothing.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+from ulid import ULID
 
 from dagsync import blobs, bookkeeping
 from dagsync.db import Database, Pacer, open_source, open_target, write_transaction
@@ -1046,7 +1048,7 @@ class _SourceMerge:
         with write_transaction(c):
             bookkeeping.ensure(c)
             for original, s_head in forks:
-                fork_key = self.new_id()
+                fork_key = self.fork_key(name, key, original, s_head)
                 # A copy of the source's row under a new key, pointing where the
                 # source pointed, named so a person can see where it came from
                 # (and, in the llm format, saying which thread it forked from).
@@ -1073,6 +1075,25 @@ class _SourceMerge:
                     (name, original, s_head, fork_key),
                 )
                 written[name].forked += 1
+
+    def fork_key(self, table: str, key: str, original: str, head: str) -> str:
+        """A key for the fork of row ``original`` that sorts just before it.
+
+        llm continues (``llm -c``) the thread or conversation with the highest
+        id; a fork row has no turns of its own, so it must never be the newest.
+        A ULID one millisecond older than the original's, its random part
+        taken from (original, head), does that, and is the same in every merge
+        of the same divergence. Anything else gets a new ULID.
+        """
+        try:
+            ms = ULID.from_str(original.upper()).milliseconds
+        except (ValueError, TypeError):
+            return self.new_id()
+        digest = hashlib.sha256(f"{original}\0{head}".encode()).digest()[:10]
+        candidate = str(ULID.from_bytes(max(ms - 1, 0).to_bytes(6, "big") + digest)).lower()
+        if self.one(f'SELECT 1 FROM main."{table}" WHERE "{key}" = ?', (candidate,)):
+            return self.new_id()
+        return candidate
 
     # -- report ----------------------------------------------------------------------
 

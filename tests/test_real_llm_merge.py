@@ -235,3 +235,19 @@ def test_the_llm_plugin_runs_dagsync(machines):
     out = cli(machines[2].parent, "dagsync", "stats", "--json")
     assert json.loads(out)["path"] == str(machines[2])
     assert json.loads(out)["format"] == "llm"
+
+
+def test_llm_continues_the_newest_conversation_after_a_merge(tmp_path, merged):
+    # llm -c picks the thread with the highest id; a fork row (no turns of its
+    # own) must not be it, or llm says "No conversation found".
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    shutil.copyfile(merged, user_dir / "logs.db")
+    with sqlite3.connect(user_dir / "logs.db") as conn:
+        newest = conn.execute("SELECT id FROM threads WHERE forked_from IS NULL ORDER BY id DESC LIMIT 1").fetchone()[0]
+        forks = conn.execute("SELECT id, forked_from FROM threads WHERE forked_from IS NOT NULL").fetchall()
+    assert forks and all(fork < original for fork, original in forks)  # each sorts just before its original
+    prompt(user_dir, "-c", "carrying on after the merge")
+    with sqlite3.connect(user_dir / "logs.db") as conn:
+        thread = conn.execute("SELECT thread_id FROM turns ORDER BY id DESC LIMIT 1").fetchone()[0]
+    assert thread == newest
