@@ -34,7 +34,7 @@ import hashlib
 import os
 import time
 from contextlib import nullcontext
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ import apsw
 import zstandard
 
 from dagsync import bookkeeping
-from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
+from dagsync.db import Database, Pacer, VacuumReport, open_target, rowid_ranges, vacuum as vacuum_file, write_transaction
 from dagsync.errors import DagsyncError, BlobError
 from dagsync.formats import Format, PackedColumn
 
@@ -280,20 +280,6 @@ def _meta(conn: apsw.Connection, key: str) -> str | None:
     return row[0] if row else None
 
 
-def _ranges(conn: apsw.Connection, table: str, pacer: Pacer) -> Iterator[tuple[int, int]]:
-    """Consecutive rowid ranges of ``table`` of about ``pacer.size`` rows."""
-    one = lambda sql, p=(): next(iter(conn.execute(sql, p)), (None,))[0]  # noqa: E731
-    low = one(f"SELECT min(rowid) FROM {table}")
-    while low is not None:
-        high = one(f"SELECT rowid FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?", (low, pacer.size - 1))
-        if high is None:
-            high = one(f"SELECT max(rowid) FROM {table}")
-        started = time.perf_counter()
-        yield low, high
-        pacer.timed(time.perf_counter() - started)
-        low = one(f"SELECT min(rowid) FROM {table} WHERE rowid > ?", (high,))
-
-
 class _Pack:
     def __init__(self, db: Database, dry_run: bool, progress: Progress | None) -> None:
         self.db = db
@@ -392,7 +378,7 @@ class _Pack:
         dict_params = (self.dict_hash,) if self.dict_hash else ()
         packed = payload = 0
         top = next(iter(self.conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
-        for low, high in _ranges(self.conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
+        for low, high in rowid_ranges(self.conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
             with write_transaction(self.conn) if not self.dry_run else nullcontext():
                 self.conn.execute("DELETE FROM temp.pack_chunk")
                 self.conn.execute(
@@ -417,7 +403,7 @@ class _Pack:
                     )
                 # One row per payload this chunk brings that the store lacks.
                 new = (
-                    f"SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM main.blobs) "
+                    "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM main.blobs) "
                     "AND k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
                     if not self.dry_run or is_packed(self.conn)
                     else "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
@@ -490,7 +476,7 @@ def unpack(
                 table = f'main."{column.table}"'
                 resolved = f"dagsync_unpack(t.\"{column.column}\", '{column.holds}')"
                 top = next(iter(conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
-                for low, high in _ranges(conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
+                for low, high in rowid_ranges(conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
                     where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
                     with write_transaction(conn) if not dry_run else nullcontext():
                         n, b = next(iter(conn.execute(

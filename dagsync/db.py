@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -39,6 +40,7 @@ __all__ = [
     "create_private_file",
     "open_source",
     "open_target",
+    "rowid_ranges",
     "run_without_waiting",
     "vacuum",
     "VacuumReport",
@@ -390,6 +392,32 @@ class Pacer:
             self.size = min(self.size * 2, self.largest)
         elif seconds > self.target * 2:
             self.size = max(self.size // 2, 50)
+
+
+def rowid_ranges(conn: apsw.Connection, table: str, pacer: Pacer, where: str = "1") -> Iterator[tuple[int, int]]:
+    """Consecutive inclusive rowid ranges of ``table`` (``schema."name"``) with about
+    ``pacer.size`` rows each, among rows matching ``where``.
+
+    The caller runs its statements (or a transaction) on one range per step;
+    the time each step takes sizes the next, so none holds a lock on the file
+    for long however big the table. Each bound is found by its own short read.
+    """
+
+    def one(sql: str, params: tuple = ()) -> Any:
+        return next(iter(conn.execute(sql, params)), (None,))[0]
+
+    low = one(f"SELECT min(rowid) FROM {table} WHERE {where}")
+    while low is not None:
+        high = one(
+            f"SELECT rowid FROM {table} WHERE rowid >= ? AND {where} ORDER BY rowid LIMIT 1 OFFSET ?",
+            (low, pacer.size - 1),
+        )
+        if high is None:
+            high = one(f"SELECT max(rowid) FROM {table} WHERE {where}")
+        started = time.perf_counter()
+        yield low, high
+        pacer.timed(time.perf_counter() - started)
+        low = one(f"SELECT min(rowid) FROM {table} WHERE rowid > ? AND {where}", (high,))
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from dagsync import bookkeeping
-from dagsync.db import Database, Pacer, VacuumReport, open_target, vacuum as vacuum_file, write_transaction
+from dagsync.db import Database, Pacer, VacuumReport, open_target, rowid_ranges, vacuum as vacuum_file, write_transaction
 from dagsync.errors import DagsyncError
 from dagsync import blobs
 from dagsync.formats import Collect, Key, PackedColumn, Table
@@ -251,29 +251,15 @@ class _Gc:
     def ranges(
         self, table: str, phase: str | None = None, writes: bool = False, where: str = "1"
     ) -> Iterator[tuple[int, int]]:
-        """Consecutive inclusive rowid ranges of ``table`` (``temp.x`` or a main table), sized by a Pacer.
-
-        Each statement the caller runs covers one range, so none holds a lock
-        on the file for long however big the table.
-        """
+        """``db.rowid_ranges`` over ``table`` (``temp.x`` or a main table), with progress."""
         pacer = Pacer(MAX_WRITE_CHUNK if writes else MAX_READ_CHUNK, FIRST_CHUNK, TARGET_SECONDS)
-        low = self.one(f"SELECT min(rowid) FROM {table} WHERE {where}")
-        if low is None:
-            return
-        first, top = low, self.one(f"SELECT max(rowid) FROM {table} WHERE {where}")
-        while low is not None:
-            high = self.one(
-                f"SELECT rowid FROM {table} WHERE rowid >= ? AND {where} ORDER BY rowid LIMIT 1 OFFSET ?",
-                (low, pacer.size - 1),
-            )
-            if high is None:
-                high = self.one(f"SELECT max(rowid) FROM {table} WHERE {where}")
-            started = time.perf_counter()
+        first = top = None
+        for low, high in rowid_ranges(self.conn, table, pacer, where):
+            if first is None:
+                first, top = low, self.one(f"SELECT max(rowid) FROM {table} WHERE {where}")
             yield low, high
-            pacer.timed(time.perf_counter() - started)
             if phase:
                 self.progress(phase, min(high, top) - first + 1, top - first + 1)
-            low = self.one(f"SELECT min(rowid) FROM {table} WHERE rowid > ? AND {where}", (high,))
 
     def transaction(self) -> Any:
         """A write transaction, or nothing for a dry run (which only reads)."""

@@ -11,7 +11,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import apsw
 import pytest
 
 from dagsync.gc import gc
