@@ -291,7 +291,14 @@ class _Gc:
 
     # -- 1. mark -------------------------------------------------------------
 
+    def unchanged(self) -> bool:
+        """No other connection has committed to the file since the mark began."""
+        return self.one("PRAGMA data_version") == self.data_version
+
     def mark(self) -> None:
+        # Before the first read: if this never changes, the mark saw one
+        # consistent file and the sweep need not check it again.
+        self.data_version = self.one("PRAGMA data_version")
         self.mark_messages()
         self.mark_candidates()
         for table in self.shared:
@@ -467,10 +474,12 @@ class _Gc:
         for low, high in self.ranges(self.main_table(table.name), f"gc: reading {table.name}"):
             self.conn.execute(
                 f'INSERT INTO temp.gc_dep SELECT ?1, d."{pk}", CASE '
-                f'WHEN EXISTS (SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = d."{pk}") THEN {DYING} '
+                f'WHEN EXISTS (SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = +d."{pk}") THEN {DYING} '
                 f"WHEN {seen} <= ?4 THEN {UNREFERENCED_OLD} ELSE {WAITING} END "
                 f'FROM main."{table.name}" d WHERE d.rowid BETWEEN ?2 AND ?3 AND NOT ({table.keep}) AND NOT EXISTS '
-                f'(SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = d."{pk}" AND NOT r.dying)',
+                # +d.pk: no affinity on the right, so the index on gc_ref (tbl, key)
+                # is used for the key too (an INTEGER id would make it numeric).
+                f'(SELECT 1 FROM temp.gc_ref r WHERE r.tbl = ?1 AND r.key = +d."{pk}" AND NOT r.dying)',
                 (table.name, low, high, self.cutoff),
             )
         self.waiting[table.name] = self.one(
@@ -515,6 +524,8 @@ class _Gc:
         and one with a child that is not a candidate of this or an earlier
         chunk (written since the mark, or kept) - and then its parent, and so on.
         """
+        if self.unchanged():
+            return  # nothing but this gc has written since the mark: it stands as it is
         msgs = self.main_table("messages")
         found = [
             f'SELECT t."{column}" FROM main."{table}" t WHERE t."{column}" IN (SELECT key FROM temp.gc_chunk)'
@@ -527,7 +538,9 @@ class _Gc:
                 f"AND {self.young('m')}"
             )
         children = (
-            f'SELECT c.key FROM temp.gc_chunk c JOIN {msgs} ch ON ch."{self.parent}" = c.key '
+            # CROSS JOIN: look each chunk member's children up by the parent index
+            # (left to itself the planner may scan every message per chunk).
+            f'SELECT c.key FROM temp.gc_chunk c CROSS JOIN {msgs} ch ON ch."{self.parent}" = c.key '
             f'WHERE ch."{self.key}" != c.key AND NOT EXISTS '
             f'(SELECT 1 FROM temp.gc_cand k WHERE k.key = ch."{self.key}" AND k.seq <= {int(high)})'
         )
@@ -610,7 +623,7 @@ class _Gc:
                                     (table.name,),
                                 )
                         # A reference written since the mark, or kept by the sweep, keeps the row.
-                        for other, column in table.refs:
+                        for other, column in table.refs if self.kept_back or not self.unchanged() else ():
                             if other in self.present:
                                 self.conn.execute(
                                     f'DELETE FROM temp.gc_dep_chunk WHERE key IN (SELECT t."{column}" '
