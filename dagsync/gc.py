@@ -269,13 +269,18 @@ class _Gc:
         return f'main."{name}"'
 
     def delete(self, name: str, where: str, columns: tuple[str, ...] | None = None) -> None:
-        """Count, then (unless a dry run) delete, the rows of table ``name`` matching ``where`` (alias ``t``)."""
+        """Count, then (unless a dry run) delete, the rows of table ``name`` matching ``where`` (alias ``t``).
+
+        ``where`` is evaluated once: the rows' rowids and sizes are gathered
+        first, then counted and deleted by rowid.
+        """
         columns = columns or self.fmt.columns[name]
-        rows, size = next(
-            self.conn.execute(f'SELECT count(*), coalesce(sum({_bytes(columns, "t")}), 0) FROM main."{name}" t WHERE {where}')
-        )
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_rows (rid INTEGER PRIMARY KEY, size INTEGER)")
+        self.conn.execute("DELETE FROM temp.gc_rows")
+        self.conn.execute(f'INSERT INTO temp.gc_rows SELECT t.rowid, {_bytes(columns, "t")} FROM main."{name}" t WHERE {where}')
+        rows, size = next(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.gc_rows"))
         if rows and not self.dry_run:
-            self.conn.execute(f'DELETE FROM main."{name}" WHERE rowid IN (SELECT t.rowid FROM main."{name}" t WHERE {where})')
+            self.conn.execute(f'DELETE FROM main."{name}" WHERE rowid IN (SELECT rid FROM temp.gc_rows)')
         tally = self.deleted.setdefault(name, [0, 0])
         tally[0] += rows
         tally[1] += size
@@ -566,9 +571,17 @@ class _Gc:
             if self.fmt.references[child.name].get(child.owned_by or "") != table.name:
                 continue
             column = self.fmt.referenced_columns[child.name][child.owned_by]  # type: ignore[index]
-            child_where = (
-                f't."{child.owned_by}" IN (SELECT t."{column}" FROM main."{table.name}" t WHERE {where})'
-            )
+            if table is self.messages and column == self.key:
+                keys = "temp.gc_chunk"  # the chunk's own keys
+            else:
+                # The owners' keys, gathered once for every child and grandchild.
+                keys = f'temp."gc_keys_{table.name}_{column}"'
+                self.conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {keys.removeprefix('temp.')} (key PRIMARY KEY)")
+                self.conn.execute(f"DELETE FROM {keys}")
+                self.conn.execute(
+                    f'INSERT OR IGNORE INTO {keys} SELECT t."{column}" FROM main."{table.name}" t WHERE {where}'
+                )
+            child_where = f't."{child.owned_by}" IN (SELECT key FROM {keys})'
             self.delete_owned(child, child_where)
             self.delete(child.name, child_where)
 
