@@ -11,15 +11,11 @@ list, load, verify and continue every remaining thread.
 
 from __future__ import annotations
 
-import binascii
 import json
-import os
 import shutil
 import sqlite3
-import struct
 import subprocess
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,29 +25,13 @@ llm = pytest.importorskip("llm")
 sqlite_utils = pytest.importorskip("sqlite_utils")
 from llm.logs import LogStore  # noqa: E402
 
+from tests.test_real_llm_merge import cli as llm_cli  # noqa: E402
+from tests.test_real_llm_merge import png  # noqa: E402
+
 
 def tool_call(name: str) -> str:
     """An echo prompt that makes the model call a tool."""
     return json.dumps({"tool_calls": [{"name": name}]})
-
-
-def png(r: int, g: int, b: int) -> bytes:
-    """A valid 1x1 PNG of one colour (llm checks attachment types by content)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", binascii.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes([0, r, g, b]))) + chunk(b"IEND", b"")
-
-
-def llm_cli(user_dir: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "llm", *args],
-        env={**os.environ, "LLM_USER_PATH": str(user_dir)},
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return done.stdout
 
 
 def dagsync_cli(*args: str) -> subprocess.CompletedProcess:
