@@ -304,3 +304,16 @@ class TestCli:
         path = family(tmp_path / "fam", seed=7, machines=1, conversations=5)[0].path
         result = runner.invoke(app, ["pack", str(path), *args])
         assert (result.exit_code, result.stderr) == (1, f"Error: {message}\n")
+
+
+@pytest.mark.parametrize("fmt", ["dag", "llm"])
+def test_a_dry_run_pack_reports_what_a_real_pack_does_and_writes_nothing(tmp_path, fmt):
+    path = (family if fmt == "dag" else family_llm)(tmp_path / "fam", seed=8, machines=1, conversations=80)[0].path
+    before = path.read_bytes()
+    dry = pack(path, dry_run=True)
+    assert path.read_bytes() == before
+    real = pack(path)
+    volatile = ("dry_run", "seconds", "file_bytes_after", "vacuum")
+    assert {k: v for k, v in vars(dry).items() if k not in volatile} == {k: v for k, v in vars(real).items() if k not in volatile}
+    assert real.new_blobs > 0
+    assert unpack(path, dry_run=True).values == unpack(path).values > 0
