@@ -153,9 +153,22 @@ class Blobs:
             raise BlobError(f"blob {blob_hash} does not decompress: {exc}") from exc
 
     def resolve(self, value: Any, holds: str) -> Any:
-        """A column value as llm wrote it: a reference replaced by its payload, anything else as it is."""
+        """A column value as llm wrote it: a reference replaced by its payload, anything else as it is.
+
+        A text payload comes back as ``str`` (bytes that are not UTF-8 replaced:
+        to get them exactly, use ``resolve_bytes``, as SQL does).
+        """
+        data = self.resolve_bytes(value, holds)
+        if data is value:
+            return value
+        return data.decode("utf-8", errors="replace") if holds == "text" else data
+
+    def resolve_bytes(self, value: Any, holds: str) -> Any:
+        """Like ``resolve``, but a payload always comes back as its exact bytes."""
+        if not isinstance(value, (bytes, str)) or not self.exists():
+            return value  # a file with no blob store holds no references
         if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
-            return self.payload(value[len(PREFIX) :].decode("ascii")).decode("utf-8")
+            return self.payload(value[len(PREFIX) :].decode("ascii"))
         if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
             return self.payload(value[len(PREFIX) :])
         return value
@@ -166,7 +179,8 @@ def register_functions(conn: apsw.Connection) -> None:
     blob reference resolved, from the main database or the attached ``src``."""
     for name, schema in (("dagsync_unpack", "main"), ("dagsync_unpack_src", "src")):
         store = Blobs(conn, schema)
-        conn.create_scalar_function(name, store.resolve, 2, deterministic=False)
+        # Exact bytes: callers CAST them AS TEXT for a text column, byte for byte.
+        conn.create_scalar_function(name, store.resolve_bytes, 2, deterministic=False)
 
 
 # -- pack ----------------------------------------------------------------------------
@@ -317,6 +331,8 @@ class _Pack:
             # learn from, keep using the dictionary the file already has.
             self.dict_hash = stored_dict
             self.dict_data = next(iter(self.conn.execute("SELECT data FROM blob_dicts WHERE hash = ?", (stored_dict,))))[0]
+        if not is_packed(self.conn):
+            self.refuse_lookalikes()
         self.conn.execute(
             "CREATE TEMP TABLE pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
             "CREATE TEMP TABLE pack_dry (hash TEXT PRIMARY KEY);"
@@ -335,6 +351,28 @@ class _Pack:
             if self.dict_data:
                 self.conn.execute("INSERT OR IGNORE INTO blob_dicts (hash, data) VALUES (?, ?)", (self.dict_hash, self.dict_data))
             self.conn.executemany("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", wanted.items())
+
+    def refuse_lookalikes(self) -> None:
+        """Before a file's first pack: no value may already read like a reference.
+
+        In a packed file such a value would be taken for one. llm never
+        writes them (they are stored with the storage class it does not use
+        in that column), so one means a hand-made or damaged row.
+
+        :raises DagsyncError: naming the first such value.
+        """
+        for column in self.columns():
+            row = next(
+                iter(self.conn.execute(f'SELECT t.rowid FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')),
+                None,
+            )
+            if row is not None:
+                kind = "a BLOB" if column.holds == "text" else "TEXT"
+                raise DagsyncError(
+                    f"{column.table}.{column.column} of rowid {row[0]} is {kind} that reads like a blob reference "
+                    f"('{PREFIX}' and 64 hex digits); a packed file would take it for one, so pack refuses: "
+                    "change or remove that value first"
+                )
 
     def train(self) -> bytes | None:
         """A dictionary trained on an even sample of the file's small payloads (None if too few)."""
@@ -382,7 +420,7 @@ class _Pack:
             with write_transaction(self.conn) if not self.dry_run else nullcontext():
                 self.conn.execute("DELETE FROM temp.pack_chunk")
                 self.conn.execute(
-                    f"INSERT INTO temp.pack_chunk SELECT t.rowid, dagsync_sha256({value}), length(CAST({value} AS BLOB)) "
+                    f"INSERT INTO temp.pack_chunk SELECT t.rowid, dagsync_sha256(CAST({value} AS BLOB)), length(CAST({value} AS BLOB)) "
                     f"FROM {table} t WHERE t.rowid BETWEEN ? AND ? AND {packable}",
                     (low, high),
                 )
@@ -408,7 +446,7 @@ class _Pack:
                     if not self.dry_run or is_packed(self.conn)
                     else "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
                 )
-                distinct_new = f"SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, dagsync_compress({value}) FROM ({new}) n JOIN {table} t ON t.rowid = n.rid"
+                distinct_new = f"SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, dagsync_compress(CAST({value} AS BLOB)) FROM ({new}) n JOIN {table} t ON t.rowid = n.rid"
                 rows = list(self.conn.execute(distinct_new, dict_params))
                 self.new_blobs += len(rows)
                 self.new_payload_bytes += sum(r[1] for r in rows)
@@ -474,7 +512,8 @@ def unpack(
             present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
             for column in (c for c in db.format.packed if c.table in present):
                 table = f'main."{column.table}"'
-                resolved = f"dagsync_unpack(t.\"{column.column}\", '{column.holds}')"
+                kind = "TEXT" if column.holds == "text" else "BLOB"
+                resolved = f"CAST(dagsync_unpack(t.\"{column.column}\", '{column.holds}') AS {kind})"
                 top = next(iter(conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
                 for low, high in rowid_ranges(conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
                     where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"

@@ -11,6 +11,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import apsw
 
@@ -55,44 +56,45 @@ def has(conn: apsw.Connection, table: str, schema: str = "main") -> bool:
     return any(conn.execute(f"SELECT 1 FROM {schema}.sqlite_schema WHERE type = 'table' AND name = ?", (table,)))
 
 
-# A merge in progress: copied messages keep their own (old) created_at and are
-# unreachable until the merge's last steps point at them, so gc must wait.
-MERGING = "merging:"
-# A marker from another host counts as live for this long.
-MERGE_MARKER_HOURS = 24
+# A merge in progress: copied messages keep their own (old) created_at and stay
+# unreachable until the merge's last steps point at them, and its plan maps
+# rows onto the target's: gc must wait. The mark is a file beside the
+# database (``<db>.dagsync-merging.<host>.<pid>``), not a row in it, so that a
+# merge with nothing to do still writes nothing to the database.
+MERGING = ".dagsync-merging."
+# A mark from another host counts as live for this long.
+MERGE_MARK_HOURS = 24
 
 
 @contextlib.contextmanager
-def merging(conn: apsw.Connection) -> Iterator[None]:
-    """Mark the database as being merged into for the duration of the block (gc waits)."""
-    from dagsync.db import write_transaction
-
-    key = f"{MERGING}{socket.gethostname()}:{os.getpid()}"
-    with write_transaction(conn):
-        ensure(conn)
-        conn.execute("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", (key, str(time.time())))
+def merging(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Mark ``path`` as being merged into for the duration of the block (gc waits)."""
+    mark = Path(f"{path}{MERGING}{socket.gethostname()}.{os.getpid()}")
+    fd = os.open(mark, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    os.close(fd)
     try:
         yield
     finally:
-        with write_transaction(conn):
-            conn.execute("DELETE FROM _dagsync_meta WHERE key = ?", (key,))
+        mark.unlink(missing_ok=True)
 
 
-def merge_running(conn: apsw.Connection) -> bool:
-    """Whether a merge into this database is under way (a marker whose process still runs)."""
-    if not has(conn, "_dagsync_meta"):
-        return False
+def merge_running(path: str | os.PathLike[str]) -> bool:
+    """Whether a merge into ``path`` is under way (a mark whose process still runs)."""
+    base = Path(path)
     host = socket.gethostname()
-    for key, started in conn.execute("SELECT key, value FROM _dagsync_meta WHERE key LIKE ?", (MERGING + "%",)):
-        marker_host, _, pid = key[len(MERGING) :].rpartition(":")
+    for mark in base.parent.glob(base.name + MERGING + "*"):
+        marker_host, _, pid = mark.name[len(base.name + MERGING) :].rpartition(".")
         if marker_host != host:
-            if time.time() - float(started) < MERGE_MARKER_HOURS * 3600:
-                return True
+            try:
+                if time.time() - mark.stat().st_mtime < MERGE_MARK_HOURS * 3600:
+                    return True
+            except FileNotFoundError:
+                pass
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            continue  # a merge that was killed: its marker is stale
+            continue  # a merge that was killed: its mark is stale
         except (PermissionError, ValueError):
             return True
         return True

@@ -56,7 +56,7 @@ from typing import Any
 
 from dagsync import bookkeeping
 from dagsync.db import Database, Pacer, VacuumReport, open_target, rowid_ranges, vacuum as vacuum_file, write_transaction
-from dagsync.errors import DagsyncError
+from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync import blobs
 from dagsync.formats import Collect, Key, PackedColumn, Table
 
@@ -151,6 +151,7 @@ def gc(
         raise DagsyncError(f"invalid grace period {grace!r}: it cannot be negative")
     db = open_target(path)
     try:
+        _check_migrations(db)
         run = _Gc(db, grace_seconds, time.time() if now is None else now, dry_run, progress)
         try:
             run.mark()
@@ -181,6 +182,24 @@ def gc(
         )
     finally:
         db.close()
+
+
+def _check_migrations(db: Database) -> None:
+    """Refuse a file a newer llm has migrated: its new tables may point at rows gc would delete.
+
+    :raises UnsupportedDatabase: a migration the format does not know.
+    """
+    fmt = db.format
+    if not fmt.migration_gate or not bookkeeping.has(db.conn, "_llm_migrations"):
+        return
+    number = (lambda name: name.split("_", 1)[0]) if fmt.migration_gate == "number" else (lambda name: name)
+    known = {number(name) for name in fmt.migrations}
+    unknown = sorted(name for (name,) in db.conn.execute("SELECT name FROM _llm_migrations") if number(name) not in known)
+    if unknown:
+        raise UnsupportedDatabase(
+            f"{db.path} was written by a newer llm than this dagsync knows (migration(s) {', '.join(unknown)}); "
+            "gc cannot tell what its new tables point at, so it deletes nothing: update dagsync"
+        )
 
 
 @dataclass(frozen=True)
@@ -215,11 +234,28 @@ class _Gc:
         self.key = self.fmt.message_key
         self.parent = self.fmt.parent_column
         self.messages = next(t for t in self.fmt.tables if t.collect is Collect.UNREACHABLE)
+        # Foreign keys the file itself declares, beyond the format's DDL (a
+        # plugin's table, say): whatever they point at is kept too.
+        file_refs = [
+            (table, row[3], row[2])
+            for table in sorted(self.present)
+            if not table.startswith(("sqlite_", "_dagsync_"))
+            for row in self.conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,))
+        ]
+        collected = {t.name for t in self.fmt.tables if t.collect in (Collect.UNREACHABLE, Collect.WITH_OWNER)}
+        self.roots = tuple(
+            dict.fromkeys(
+                [*self.fmt.roots, *((t, c) for t, c, ref in file_refs if ref == "messages" and t not in collected)]
+            )
+        )
         self.shared = [
-            _Shared(t.name, self.fmt.primary_key(t.name), self.fmt.columns[t.name], self.fmt.referrers(t.name))
+            _Shared(
+                t.name, self.fmt.primary_key(t.name), self.fmt.columns[t.name],
+                tuple(dict.fromkeys([*self.fmt.referrers(t.name), *((o, c) for o, c, ref in file_refs if ref == t.name)])),
+            )
             for t in self.fmt.tables
             if t.collect is Collect.UNREFERENCED and t.name in self.present
-        ]
+        ]  # fmt: skip
         if blobs.is_packed(self.conn):
             # The blob store (blobs.py): blobs nothing refers to, then dictionaries
             # no blob uses - but never the one new rows are packed with.
@@ -330,7 +366,7 @@ class _Gc:
                 f'LEFT JOIN {msgs} p ON p."{key}" = m."{parent}" WHERE m.rowid BETWEEN ? AND ?',
                 (low, high),
             )
-        for table, column in self.fmt.roots:
+        for table, column in self.roots:
             if table not in self.present:
                 continue
             for low, high in self.ranges(self.main_table(table), f"gc: reading {table}"):
@@ -442,7 +478,7 @@ class _Gc:
         for other, column in table.refs:
             if other not in self.present:
                 continue
-            referrer = self.fmt.table(other) if other in self.fmt.columns else Table(other, Key.TEXT)
+            referrer = next((t for t in self.fmt.tables if t.name == other), Table(other, Key.TEXT))
             for low, high in self.ranges(self.main_table(other), f"gc: reading {other}"):
                 self.conn.execute(
                     f'INSERT INTO temp.gc_ref SELECT ?, t."{column}", {self.dying(referrer, "t")} '
@@ -454,13 +490,19 @@ class _Gc:
                 continue
             referrer = self.fmt.table(ref.table)
             needle = '"' + re.split(r"[.\[]", ref.path.removeprefix("$."))[0] + '"'
+            value = f't."{ref.column}"'
+            packed = next((c for c in self.fmt.packed if (c.table, c.column) == (ref.table, ref.column)), None)
+            if packed is not None and blobs.is_packed(self.conn):
+                # A packed payload is read through its blob.
+                blobs.register_functions(self.conn)
+                value = f"(CASE WHEN {blobs.marker_sql(packed, 't')} THEN CAST(dagsync_unpack({value}, 'text') AS TEXT) ELSE {value} END)"
             for low, high in self.ranges(self.main_table(ref.table), f"gc: reading {ref.table}.{ref.column}"):
                 self.conn.execute(
                     f'INSERT INTO temp.gc_ref SELECT ?, j.value, {self.dying(referrer, "t")} '
-                    f'FROM main."{ref.table}" t, json_tree(t."{ref.column}") j '
-                    f'WHERE t.rowid BETWEEN ? AND ? AND instr(t."{ref.column}", ?) '
+                    f"FROM main.\"{ref.table}\" t, json_tree({value}) j "
+                    f"WHERE t.rowid BETWEEN ? AND ? AND instr({value}, ?) "
                     # SQLite quotes some labels in fullkey ($."text_ref"[0]): compare without quotes.
-                    f'AND json_valid(t."{ref.column}") AND replace(j.fullkey, \'"\', \'\') GLOB ?',
+                    f"AND json_valid({value}) AND replace(j.fullkey, '\"', '') GLOB ?",
                     (table.name, low, high, needle, ref.glob),
                 )
         for packed in table.markers:
@@ -503,7 +545,7 @@ class _Gc:
         done = 0
         for low, high in self.ranges("temp.gc_cand", writes=True):
             with self.transaction():
-                if bookkeeping.merge_running(self.conn):
+                if bookkeeping.merge_running(self.db.path):
                     # Messages a merge has copied look old and unreachable until
                     # its last steps point at them: leave the rest to the next run.
                     self.merge_in_progress = self.kept_back = True
@@ -536,7 +578,7 @@ class _Gc:
         msgs = self.main_table("messages")
         found = [
             f'SELECT t."{column}" FROM main."{table}" t WHERE t."{column}" IN (SELECT key FROM temp.gc_chunk)'
-            for table, column in self.fmt.roots
+            for table, column in self.roots
             if table in self.present
         ]
         if self.fmt.message_time is not None:
@@ -624,19 +666,24 @@ class _Gc:
                     )
                     if not self.dry_run:
                         before = self.one("SELECT count(*) FROM temp.gc_dep_chunk")
-                        if table.markers:
+                        if bookkeeping.merge_running(self.db.path):
+                            # A merge's plan may have matched these rows: next run.
+                            self.merge_in_progress = self.kept_back = True
+                            self.conn.execute("DELETE FROM temp.gc_dep_chunk")
+                        if table.markers and blobs.generation(self.conn) != self.generation:
                             # Blob references are not indexed, so they are not looked
-                            # up again here. Instead: if pack or merge wrote references
-                            # since the mark, leave the store to the next run; if the
-                            # sweep kept rows it meant to delete, keep the blobs they use.
-                            if blobs.generation(self.conn) != self.generation:
-                                self.conn.execute("DELETE FROM temp.gc_dep_chunk")
-                            elif self.kept_back:
-                                self.conn.execute(
-                                    f"DELETE FROM temp.gc_dep_chunk WHERE key IN (SELECT key FROM temp.gc_dep "
-                                    f"WHERE tbl = ? AND state = {DYING})",
-                                    (table.name,),
-                                )
+                            # up again here: if pack or merge wrote some since the
+                            # mark, leave the store to the next run.
+                            self.conn.execute("DELETE FROM temp.gc_dep_chunk")
+                        if self.kept_back:
+                            # The sweep kept rows it meant to delete; what only they
+                            # used may be referenced in ways not looked up again here
+                            # (inside JSON, by blob reference): keep it this time.
+                            self.conn.execute(
+                                f"DELETE FROM temp.gc_dep_chunk WHERE key IN (SELECT key FROM temp.gc_dep "
+                                f"WHERE tbl = ? AND state = {DYING})",
+                                (table.name,),
+                            )
                         # A reference written since the mark, or kept by the sweep, keeps the row.
                         for other, column in table.refs if self.kept_back or not self.unchanged() else ():
                             if other in self.present:

@@ -178,6 +178,13 @@ def _remove_database(path: Path) -> None:
 
 
 def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress | None) -> SourceReport:
+    # Marked from before the plan (which maps rows onto the target's) to the
+    # end of the copy, so a gc beside it waits (see bookkeeping.merging).
+    with bookkeeping.merging(target.path) if not dry_run else contextlib.nullcontext():
+        return _merge_one_marked(target, source, dry_run, progress)
+
+
+def _merge_one_marked(target: Database, source: Path, dry_run: bool, progress: Progress | None) -> SourceReport:
     for attempt in range(1, ATTEMPTS + 1):
         run = _SourceMerge(target, source, progress)
         try:
@@ -192,17 +199,13 @@ def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress
                     + (f"; and {more} more" if more > 0 else ""),
                     run.conflicts,
                 )
-            report = run.report()
             if not dry_run:
-                # Marked while it copies rows, so a gc beside it waits (see bookkeeping.merging).
-                with bookkeeping.merging(target.conn) if report.written else contextlib.nullcontext():
-                    run.apply()
-                    if run.target_packed:
-                        # A packed target stays packed: what arrived inline is packed
-                        # with the target's settings, blobs the source has copied by key.
-                        blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
-                report = run.report()
-            return report
+                run.apply()
+                if run.target_packed:
+                    # A packed target stays packed: what arrived inline is packed
+                    # with the target's settings, blobs the source has copied by key.
+                    blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
+            return run.report()
         except apsw.ConstraintError as exc:
             # Someone wrote a colliding row between plan and apply; every
             # commit so far is consistent, so plan again from the files.
@@ -357,9 +360,15 @@ class _SourceMerge:
         """SQL for a source column as llm wrote it: a packed source's blob references
         resolved (a packed target packs them again after the merge)."""
         packed = self.packed_columns.get((table.name, column))
+        value = f'{alias}."{column}"'
         if packed is not None and self.source_packed:
-            return f"dagsync_unpack_src({alias}.\"{column}\", '{packed.holds}')"
-        return f'{alias}."{column}"'
+            # Only references go through Python; CAST keeps the payload's exact bytes.
+            kind = "TEXT" if packed.holds == "text" else "BLOB"
+            return (
+                f"CASE WHEN {blobs.marker_sql(packed, alias)} "
+                f"THEN CAST(dagsync_unpack_src({value}, '{packed.holds}') AS {kind}) ELSE {value} END"
+            )
+        return value
 
     def json_function(self, json_ref: JsonRef) -> str:
         """A SQL function rewriting ``json_ref``'s ids through the referenced table's map."""
@@ -814,8 +823,8 @@ class _SourceMerge:
             for low, high in self.chunks(f'src."{table.name}"'):
                 for (bad,) in self.conn.execute(
                     f'SELECT {piece} FROM src."{table.name}" s, '
-                    f"json_each(s.\"{json_ref.column}\", '$.{json_ref.list_key}') j "
-                    f"WHERE s.rowid BETWEEN ? AND ? AND s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
+                    f"json_each({self.payload(table, json_ref.column)}, '$.{json_ref.list_key}') j "
+                    f"WHERE s.rowid BETWEEN ? AND ? AND {self.payload(table, json_ref.column)} LIKE '%\"{json_ref.list_key}\"%' "
                     f"AND {self.is_new(table)} AND {piece} IS NOT NULL AND NOT EXISTS "
                     f'(SELECT 1 FROM temp."map_{json_ref.table}" m WHERE m.src = {piece}) LIMIT 1',
                     (low, high),
@@ -1089,7 +1098,9 @@ class _SourceMerge:
             ms = ULID.from_str(original.upper()).milliseconds
         except (ValueError, TypeError):
             return self.new_id()
-        digest = hashlib.sha256(f"{original}\0{head}".encode()).digest()[:10]
+        # Everything the fork row is made of: the same divergence merged from
+        # another file (another name in the row) is another fork.
+        digest = hashlib.sha256(f"{original}\0{head}\0{self.source.name}".encode()).digest()[:10]
         candidate = str(ULID.from_bytes(max(ms - 1, 0).to_bytes(6, "big") + digest)).lower()
         if self.one(f'SELECT 1 FROM main."{table}" WHERE "{key}" = ?', (candidate,)):
             return self.new_id()
