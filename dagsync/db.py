@@ -463,28 +463,78 @@ def _begin_exclusive(conn: apsw.Connection) -> None:
 
 def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
     """Run a statement that takes the write lock (``BEGIN EXCLUSIVE``, ``VACUUM``)
-    with no busy timeout inside SQLite, retrying on our side (see ``write_transaction``)."""
+    with no busy timeout inside SQLite, retrying on our side (see ``write_transaction``).
+
+    It is not even tried while another process holds a lock on the file: a
+    try takes RESERVED and PENDING for a moment before it finds the reader
+    and lets go, and an llm reader that tries to start writing in that
+    moment is refused at once ("database is locked"), busy timeout or not.
+    """
     conn.set_busy_timeout(0)
     try:
-        _retry_busy(conn, sql, first_delay=0.005)
+        _retry_busy(conn, sql, first_delay=0.005, idle=lambda: not _others_lock(conn.filename))
     finally:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
 
 
-def _retry_busy(conn: apsw.Connection, sql: str, first_delay: float = 0.01) -> None:
-    """Run ``sql`` until the database is not busy, backing off, for WRITE_RETRY_SECONDS."""
+# SQLite's unix VFS locks these bytes of the database file with POSIX
+# advisory locks (os_unix.c): PENDING, RESERVED, then the SHARED range.
+_PENDING_BYTE = 0x40000000
+_LOCK_BYTES = 2 + 510
+_probe_fds: dict[str, int] = {}
+
+
+def _others_lock(path: str) -> bool:
+    """Whether another process holds any SQLite lock on the file at ``path`` (fcntl F_GETLK).
+
+    The descriptor used to ask stays open for the life of the process:
+    closing any descriptor of a file drops every POSIX lock this process
+    holds on it, SQLite's own included. Where it cannot be asked (no fcntl,
+    an in-memory database), the answer is no.
+    """
+    try:
+        import fcntl
+        import struct
+    except ImportError:  # not a POSIX system
+        return False
+    if not path:
+        return False
+    key = os.path.realpath(path)
+    fd = _probe_fds.get(key)
+    if fd is None:
+        try:
+            fd = _probe_fds[key] = os.open(key, os.O_RDONLY)
+        except OSError:
+            return False
+    layout = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
+    asked = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, _PENDING_BYTE, _LOCK_BYTES, 0)
+    try:
+        found = fcntl.fcntl(fd, fcntl.F_GETLK, asked)
+    except OSError:
+        return False
+    return struct.unpack(layout, found)[0] != fcntl.F_UNLCK
+
+
+def _retry_busy(
+    conn: apsw.Connection, sql: str, first_delay: float = 0.01, idle: Callable[[], bool] = lambda: True
+) -> None:
+    """Run ``sql`` until the database is not busy, backing off, for WRITE_RETRY_SECONDS.
+
+    ``sql`` is only tried when ``idle()`` says so (and always at the deadline).
+    """
     deadline = time.monotonic() + WRITE_RETRY_SECONDS
     delay = first_delay
     while True:
         try:
-            conn.execute(sql)
-            return
+            if idle() or time.monotonic() > deadline:
+                conn.execute(sql)
+                return
         except apsw.BusyError:
             if time.monotonic() > deadline:
                 raise
-            # Jitter so two waiting writers do not retry in lockstep.
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.2)
+        # Jitter so two waiting writers do not retry in lockstep.
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 0.2)
 
 
 @dataclass(frozen=True)
