@@ -478,41 +478,43 @@ def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
 
 
 # SQLite's unix VFS locks these bytes of the database file with POSIX
-# advisory locks (os_unix.c): PENDING, RESERVED, then the SHARED range.
+# advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
 _PENDING_BYTE = 0x40000000
-_LOCK_BYTES = 2 + 510
-_probe_fds: dict[str, int] = {}
+_LOCK_LAST = _PENDING_BYTE + 2 + 510 - 1
 
 
 def _others_lock(path: str) -> bool:
-    """Whether another process holds any SQLite lock on the file at ``path`` (fcntl F_GETLK).
+    """Whether another process holds any SQLite lock on the file at ``path``.
 
-    The descriptor used to ask stays open for the life of the process:
-    closing any descriptor of a file drops every POSIX lock this process
-    holds on it, SQLite's own included. Where it cannot be asked (no fcntl,
-    an in-memory database), the answer is no.
+    Read from the kernel's list of held locks (Linux ``/proc/locks``) rather
+    than asked with ``fcntl(F_GETLK)``: that needs a descriptor of the file,
+    and closing any descriptor of a file drops every POSIX lock this process
+    holds on it, SQLite's own included. Where the list cannot be read (not
+    Linux, an in-memory database), the answer is no: dagsync then simply
+    tries the lock, as it always may.
     """
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # not a POSIX system
-        return False
     if not path:
         return False
-    key = os.path.realpath(path)
-    fd = _probe_fds.get(key)
-    if fd is None:
-        try:
-            fd = _probe_fds[key] = os.open(key, os.O_RDONLY)
-        except OSError:
-            return False
-    layout = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
-    asked = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, _PENDING_BYTE, _LOCK_BYTES, 0)
     try:
-        found = fcntl.fcntl(fd, fcntl.F_GETLK, asked)
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            held = f.read().splitlines()
     except OSError:
         return False
-    return struct.unpack(layout, found)[0] != fcntl.F_UNLCK
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    me = str(os.getpid())
+    for line in held:
+        fields = line.split()
+        # "1: POSIX  ADVISORY  READ 5666 fe:00:2148082 1073741826 1073742335";
+        # a waiter's line has "->" after the number: it holds nothing yet.
+        if len(fields) < 8 or fields[1] == "->" or fields[5] != ident or fields[4] == me:
+            continue
+        start, end = fields[6], fields[7]
+        if not start.isdigit():
+            continue
+        if int(start) <= _LOCK_LAST and (end == "EOF" or (end.isdigit() and int(end) >= _PENDING_BYTE)):
+            return True
+    return False
 
 
 def _retry_busy(
