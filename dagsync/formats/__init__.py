@@ -167,73 +167,60 @@ class Format:
         return resources.files(__package__).joinpath(self.schema_resource).read_text()
 
     @cached_property
-    def columns(self) -> dict[str, tuple[str, ...]]:
-        """Every table and view of the schema mapped to its column names, in order."""
+    def _schema(self) -> apsw.Connection:
+        """The format's DDL made in an in-memory database: what its tables,
+        triggers and keys are is read from there, once."""
         conn = apsw.Connection(":memory:")
         conn.execute(self.schema_sql)
+        return conn
+
+    @cached_property
+    def columns(self) -> dict[str, tuple[str, ...]]:
+        """Every table and view of the schema mapped to its column names, in order."""
         names = [
             name
-            for (name,) in conn.execute(
+            for (name,) in self._schema.execute(
                 "SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') ORDER BY name"
             )
         ]
-        out = {
-            name: tuple(row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (name,)))
+        return {
+            name: tuple(row[1] for row in self._schema.execute("SELECT * FROM pragma_table_info(?)", (name,)))
             for name in names
         }
-        conn.close()
-        return out
 
     @cached_property
     def triggers(self) -> dict[str, tuple[str, str]]:
         """Trigger name -> (its table, its SQL normalised) as the format's DDL creates them."""
-        conn = apsw.Connection(":memory:")
-        conn.execute(self.schema_sql)
-        out = {
+        return {
             name: (tbl, normalise_sql(sql))
-            for name, tbl, sql in conn.execute("SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'")
+            for name, tbl, sql in self._schema.execute("SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'")
         }
-        conn.close()
-        return out
+
+    @cached_property
+    def foreign_keys(self) -> dict[str, dict[str, tuple[str, str]]]:
+        """Table -> {column: (referenced table, referenced column)}, from the DDL's foreign keys."""
+        return {
+            t.name: {
+                row[3]: (row[2], row[4] or self.primary_key(row[2]))
+                for row in self._schema.execute("SELECT * FROM pragma_foreign_key_list(?)", (t.name,))
+            }
+            for t in self.tables
+            if t.key is not Key.DERIVED
+        }
 
     @cached_property
     def references(self) -> dict[str, dict[str, str]]:
-        """Table -> {column: referenced table}, from the DDL's foreign keys."""
-        conn = apsw.Connection(":memory:")
-        conn.execute(self.schema_sql)
-        out = {
-            t.name: {
-                row[3]: row[2]
-                for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (t.name,))
-            }
-            for t in self.tables
-            if t.key is not Key.DERIVED
-        }
-        conn.close()
-        return out
+        """Table -> {column: referenced table}."""
+        return {t: {c: ref for c, (ref, _) in cols.items()} for t, cols in self.foreign_keys.items()}
 
     @cached_property
     def referenced_columns(self) -> dict[str, dict[str, str]]:
-        """Table -> {column: the referenced table's column it holds}, from the DDL's foreign keys."""
-        conn = apsw.Connection(":memory:")
-        conn.execute(self.schema_sql)
-        out = {
-            t.name: {
-                row[3]: row[4] or self.primary_key(row[2])
-                for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (t.name,))
-            }
-            for t in self.tables
-            if t.key is not Key.DERIVED
-        }
-        conn.close()
-        return out
+        """Table -> {column: the referenced table's column it holds}."""
+        return {t: {c: col for c, (_, col) in cols.items()} for t, cols in self.foreign_keys.items()}
 
     def primary_key(self, table: str) -> str:
         """The single primary-key column of ``table`` (rowid when it has none or several)."""
-        conn = apsw.Connection(":memory:")
-        conn.execute(self.schema_sql)
-        pk = [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?) WHERE pk > 0", (table,))]
-        conn.close()
+        pk = [row[1] for row in self._schema.execute("SELECT * FROM pragma_table_info(?) WHERE pk > 0", (table,))]
         return pk[0] if len(pk) == 1 else "rowid"
 
     @cached_property
