@@ -337,6 +337,7 @@ class _Pack:
             "CREATE TEMP TABLE pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
             "CREATE TEMP TABLE pack_dry (hash TEXT PRIMARY KEY);"
             "CREATE TEMP TABLE pack_seen (hash TEXT PRIMARY KEY, size INTEGER);"
+            "CREATE TEMP TABLE pack_new (hash TEXT PRIMARY KEY, size INTEGER, dict TEXT, data BLOB);"
         )
         self.conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
         self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
@@ -439,29 +440,35 @@ class _Pack:
                         f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, b.dict, b.data "
                         f"FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk)"
                     )
-                # One row per payload this chunk brings that the store lacks.
-                new = (
-                    "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM main.blobs) "
-                    "AND k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
-                    if not self.dry_run or is_packed(self.conn)
-                    else "SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k WHERE k.h NOT IN (SELECT hash FROM temp.pack_dry) GROUP BY k.h"
+                # One blob per payload this chunk brings that the store lacks,
+                # compressed into a temp table and counted there.
+                lacking = "k.h NOT IN (SELECT hash FROM temp.pack_dry)" + (
+                    " AND k.h NOT IN (SELECT hash FROM main.blobs)" if is_packed(self.conn) else ""
                 )
-                distinct_new = f"SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, dagsync_compress(CAST({value} AS BLOB)) FROM ({new}) n JOIN {table} t ON t.rowid = n.rid"
-                rows = list(self.conn.execute(distinct_new, dict_params))
-                self.new_blobs += len(rows)
-                self.new_payload_bytes += sum(r[1] for r in rows)
-                self.stored_bytes += sum(len(r[3]) for r in rows)
+                self.conn.execute(
+                    f"INSERT INTO temp.pack_new SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, "
+                    f"dagsync_compress(CAST({value} AS BLOB)) FROM (SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k "
+                    f"WHERE {lacking} GROUP BY k.h) n JOIN {table} t ON t.rowid = n.rid",
+                    dict_params,
+                )
+                made, made_size, stored = next(iter(self.conn.execute(
+                    "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) FROM temp.pack_new"
+                )))  # fmt: skip
+                self.new_blobs += made
+                self.new_payload_bytes += made_size
+                self.stored_bytes += stored
                 if self.dry_run:
-                    self.conn.executemany("INSERT INTO temp.pack_dry (hash) VALUES (?)", [(r[0],) for r in rows])
+                    self.conn.execute("INSERT INTO temp.pack_dry SELECT hash FROM temp.pack_new")
                 elif n:
                     self.conn.execute(
                         "INSERT INTO _dagsync_meta (key, value) VALUES ('pack_generation', '1') "
                         "ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
                     )
-                    self.conn.executemany("INSERT INTO main.blobs (hash, size, dict, data) VALUES (?, ?, ?, ?)", rows)
+                    self.conn.execute("INSERT INTO main.blobs (hash, size, dict, data) SELECT * FROM temp.pack_new")
                     self.conn.execute(
                         f'UPDATE {table} AS t SET "{column.column}" = {marker} FROM temp.pack_chunk k WHERE t.rowid = k.rid'
                     )
+                self.conn.execute("DELETE FROM temp.pack_new")
             self.progress(f"pack: {column.table}.{column.column}", high, top)
         inline = next(iter(self.conn.execute(
             f"SELECT count(*) FROM {table} t WHERE typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) < {self.threshold}"
@@ -472,7 +479,7 @@ class _Pack:
         self.distinct, self.distinct_bytes = next(
             iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_seen"))
         )
-        for name in ("pack_chunk", "pack_dry", "pack_seen"):
+        for name in ("pack_chunk", "pack_dry", "pack_seen", "pack_new"):
             self.conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
 
 
