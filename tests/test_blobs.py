@@ -6,7 +6,6 @@ import itertools
 import json
 import shutil
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from dagsync.verify import verify
 from fixtures import family, family_llm
 from tests import strategies
 from tests.history import logical
+from tests.processes import kill_after
 
 MARKER_LOOKALIKE = PREFIX + "0" * 64  # a payload that merely looks like a reference
 
@@ -246,23 +246,13 @@ getattr(b, sys.argv[1])(sys.argv[2], progress=lambda *a: print(*a, flush=True))
 """
 
 
-def _run_and_kill(command: str, path: Path, events: int) -> None:
-    process = subprocess.Popen([sys.executable, "-c", RUN, command, str(path)], stdout=subprocess.PIPE, text=True)
-    for _ in range(events):
-        if not process.stdout.readline():
-            break
-    process.kill()
-    process.wait()
-    process.stdout.close()
-
-
 @pytest.mark.parametrize(("command", "events"), [("pack", 3), ("pack", 9), ("unpack", 2), ("unpack", 7)])
 def test_a_killed_pack_or_unpack_leaves_a_whole_file_that_a_rerun_completes(tmp_path, command, events):
     path = family(tmp_path / "fam", seed=6, machines=1, conversations=150)[0].path
     original = dump(path)
     if command == "unpack":
         pack(path, threshold=73)
-    _run_and_kill(command, path, events)
+    kill_after(RUN, [command, str(path)], events)
     assert verify(path).problems == ()
     getattr(sys.modules["dagsync.blobs"], command)(path)
     assert verify(path).problems == ()

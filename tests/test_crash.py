@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from dagsync.merge import merge
 from fixtures import family
 from tests.history import integrity, logical
+from tests.processes import kill_after
 
 # Tiny transactions, so there are many commit points; a line per progress
 # event, so the test can kill it part-way through, wherever it is.
@@ -40,17 +39,7 @@ def expected(tmp_path_factory, machines) -> dict:
 
 def run_and_kill(target: Path, sources: list[Path], events: int) -> bool:
     """Start a merge, kill -9 it after ``events`` progress events; True if it was still running."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", MERGE, str(target), *map(str, sources)], stdout=subprocess.PIPE, text=True
-    )
-    for _ in range(events):
-        if not process.stdout.readline():
-            break
-    alive = process.poll() is None
-    process.kill()
-    process.wait()
-    process.stdout.close()
-    return alive
+    return kill_after(MERGE, [str(target), *map(str, sources)], events)[0]
 
 
 @pytest.mark.parametrize("seed", range(6))

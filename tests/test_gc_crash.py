@@ -18,6 +18,7 @@ from dagsync.errors import NotADatabase
 from dagsync.verify import verify
 from fixtures import generate
 from tests.history import integrity
+from tests.processes import kill_after
 
 # Tiny transactions, so there are many commit points; a line per progress
 # event, and one as each write transaction begins and after it commits, so
@@ -247,17 +248,8 @@ def llm_seen_case(tmp_path_factory) -> Case:
 def run_and_kill(path: Path, events: int, errors: Path) -> bool:
     """Start a gc, kill -9 it after ``events`` lines; True if it was still running."""
     with errors.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-c", GC, str(path)], stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-        for _ in range(events):
-            if not process.stdout.readline():
-                break
-        alive = process.poll() is None
-        process.kill()
-        process.wait()
-        process.stdout.close()
-    assert process.returncode in (0, -9), f"gc failed by itself: {errors.read_text()}"
+        alive, status = kill_after(GC, [str(path)], events, stderr)
+    assert status in (0, -9), f"gc failed by itself: {errors.read_text()}"
     return alive
 
 
