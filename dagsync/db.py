@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,8 +38,10 @@ from dagsync.formats import Format, Key, format_for_message_columns, normalise_s
 __all__ = [
     "Database",
     "Pacer",
+    "SourceChecks",
     "create_private_file",
     "open_source",
+    "open_unchecked_source",
     "open_target",
     "rowid_ranges",
     "run_without_waiting",
@@ -296,6 +299,64 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
         conn.close()
         raise
     return Database(conn, path, fmt)
+
+
+class SourceChecks:
+    """``PRAGMA quick_check`` of source files, run in a thread while the caller reads them.
+
+    quick_check reads every page, which is a second or more per GiB; a merge
+    only reads (plans) until it first writes, so it checks its sources
+    meanwhile, on its own connection (SQLite runs without the GIL), and waits
+    for the verdict before that first write. Reading a damaged file is safe
+    (SQLite reports the damage as an error); writing anything from one is
+    what must not happen.
+    """
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._failure: NotADatabase | None = None
+        self._thread = threading.Thread(target=self._run, args=(list(paths),), name="quick_check", daemon=True)
+        self._thread.start()
+
+    def _run(self, paths: list[Path]) -> None:
+        for path in paths:
+            try:
+                conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+            except apsw.Error as exc:
+                self._failure = NotADatabase(f"{path} cannot be opened: {exc}")
+                return
+            try:
+                _harden(conn)
+                _quick_check(conn, path)
+            except NotADatabase as exc:
+                self._failure = exc
+                return
+            except apsw.Error as exc:
+                self._failure = NotADatabase(f"{path} cannot be checked: {exc}")
+                return
+            finally:
+                conn.close()
+
+    def wait(self) -> None:
+        """Block until every source is checked.
+
+        :raises NotADatabase: the first source quick_check found damaged.
+        """
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+
+
+def open_unchecked_source(path: str | os.PathLike[str]) -> Database:
+    """``open_source`` without its quick_check, for a caller that runs ``SourceChecks``.
+
+    A file too damaged even to read its schema gets quick_check's verdict now.
+    """
+    try:
+        return open_source(path, quick_check=False)
+    except apsw.Error:
+        with open_source(path):  # raises NotADatabase naming the damage...
+            pass
+        raise  # ...or, if quick_check finds none, the error itself
 
 
 def _connect_target(path: Path) -> apsw.Connection:

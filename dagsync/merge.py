@@ -5,8 +5,9 @@ descriptions (``dagsync/formats``): how a table is keyed decides how its rows
 are matched, and its foreign keys decide which columns are rewritten and in
 which order tables are copied. For each source:
 
-1. **Check** the source as untrusted input (``open_source``), then attach it
-   read-only to the target's connection.
+1. **Check** the source as untrusted input (its tables now, every page with
+   ``quick_check`` in a background thread that the first write waits for:
+   ``SourceChecks``), then attach it read-only to the target's connection.
 2. **Plan** (reads only, writes nothing but temp tables): map every source
    message onto the target (``(mapped parent, content_hash)`` already there ->
    that row; else a new row), level by level from the root so a mapped parent
@@ -42,7 +43,7 @@ import apsw
 from ulid import ULID
 
 from dagsync import blobs, bookkeeping
-from dagsync.db import Database, Pacer, open_source, open_target, write_transaction
+from dagsync.db import Database, Pacer, SourceChecks, open_target, open_unchecked_source, write_transaction
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
 from dagsync.formats import Format, JsonRef, Key, Table
 from dagsync.store import UlidFactory
@@ -130,14 +131,17 @@ def merge(
         raise DagsyncError("no source databases given: merge TARGET SOURCE [SOURCE...]")
     target = Path(target)
     source_paths = [Path(s) for s in sources]
-    # Check every source before touching the target, so a bad one late in the
-    # list cannot leave the target half-merged.
+    # Check every source before writing to the target, so a bad one late in
+    # the list cannot leave the target half-merged: the tables now, every
+    # page (quick_check) in the background while the first source is
+    # planned; nothing is written before both are done.
     formats = []
     for path in source_paths:
         if target.exists() and path.exists() and os.path.samefile(target, path):
             raise DagsyncError(f"{path} is the target itself; give another file as the source")
-        with open_source(path) as src:
+        with open_unchecked_source(path) as src:
             formats.append(src.format)
+    checks = SourceChecks(source_paths)
     # An empty file is a target whose creation was interrupted: create it again.
     created = not target.exists() or target.stat().st_size == 0
     scratch = None
@@ -157,7 +161,7 @@ def merge(
                     f"{path} is in the {fmt.name} format but {target} is in the "
                     f"{target_db.format.name} format; dagsync merges files of the same format"
                 )
-            reports.append(_merge_one(target_db, path, dry_run, progress))
+            reports.append(_merge_one(target_db, path, checks, dry_run, progress))
     except BaseException:
         target_db.close()
         if created and not dry_run and not any(r.written for r in reports):
@@ -177,19 +181,29 @@ def _remove_database(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
-def _merge_one(target: Database, source: Path, dry_run: bool, progress: Progress | None) -> SourceReport:
+def _merge_one(
+    target: Database, source: Path, checks: SourceChecks, dry_run: bool, progress: Progress | None
+) -> SourceReport:
     # Marked from before the plan (which maps rows onto the target's) to the
     # end of the copy, so a gc beside it waits (see bookkeeping.merging).
     with bookkeeping.merging(target.path) if not dry_run else contextlib.nullcontext():
-        return _merge_one_marked(target, source, dry_run, progress)
+        return _merge_one_marked(target, source, checks, dry_run, progress)
 
 
-def _merge_one_marked(target: Database, source: Path, dry_run: bool, progress: Progress | None) -> SourceReport:
+def _merge_one_marked(
+    target: Database, source: Path, checks: SourceChecks, dry_run: bool, progress: Progress | None
+) -> SourceReport:
     for attempt in range(1, ATTEMPTS + 1):
         run = _SourceMerge(target, source, progress)
         try:
-            run.attach()
-            run.plan()
+            try:
+                run.attach()
+                run.plan()
+            except Exception:
+                checks.wait()  # a damaged page explains any error better
+                raise
+            # Every source's pages checked before anything is written.
+            checks.wait()
             if run.conflicts:
                 shown = run.conflicts[:MAX_CONFLICTS_SHOWN]
                 more = len(run.conflicts) - len(shown)

@@ -160,6 +160,30 @@ class TestSourcesAreReadOnlyAndUntrusted:
             f.truncate(hostile.stat().st_size // 3)
         assert "is truncated" in self.refused(target, hostile, NotADatabase)
 
+    @staticmethod
+    def damage(path: Path) -> None:
+        """Overwrite a page in the middle of the file (table data, not the schema) with garbage."""
+        page = 4096
+        with open(path, "r+b") as f:
+            f.seek((path.stat().st_size // page // 2) * page)
+            f.write(b"\xff" * page)
+
+    def test_a_damaged_page(self, target, hostile):
+        # quick_check runs beside the plan; the merge waits for it before writing.
+        self.damage(hostile)
+        message = self.refused(target, hostile, NotADatabase)
+        assert message.startswith(f"{hostile} is damaged: PRAGMA quick_check says: ")
+        assert message.endswith(f"; restore it from a backup, or recover a copy with `sqlite3 {hostile} .recover`")
+
+    def test_a_damaged_later_source_stops_the_merge_before_the_first_is_written(self, target, hostile, laptops):
+        self.damage(hostile)
+        good = target.with_name("good.db")
+        shutil.copyfile(laptops[1], good)
+        before = target.read_bytes()
+        with pytest.raises(NotADatabase, match="is damaged: PRAGMA quick_check says"):
+            merge(target, [good, hostile])
+        assert target.read_bytes() == before
+
     def test_a_view_posing_as_a_table(self, target, hostile):
         with sqlite3.connect(hostile) as conn:
             conn.execute("DROP TABLE calls")
