@@ -238,6 +238,13 @@ def _quoted(columns: tuple[str, ...] | list[str], alias: str = "") -> str:
     return ", ".join(f'{prefix}"{c}"' for c in columns)
 
 
+def _message_conflict(src: str, id_parent: str, id_hash: str | None, parent: str, content_hash: str | None) -> str:
+    return (
+        f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
+        f"but (parent {parent}, hash {(content_hash or '')[:12]}) in the source"
+    )
+
+
 @dataclass
 class _Counts:
     added: int = 0
@@ -515,6 +522,9 @@ class _SourceMerge:
             # the source's order already puts parents first. No rounds needed
             # (the rounds are also what name a dangling parent or a cycle).
             c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled")
+        # A new message's descendants are new (see settle_below_new); only the
+        # hash format, whose key is the identity, settles them without rounds.
+        below_new = table.key is Key.DAG_MESSAGE
         while not settled:
             c.execute("DELETE FROM temp.lvl")
             if depth == 0:
@@ -545,10 +555,7 @@ class _SourceMerge:
                 "AND (id_parent IS NOT p OR id_hash IS NOT hash) LIMIT ?",
                 (MAX_CONFLICTS_SHOWN * 10,),
             ):
-                self.conflicts.append(
-                    f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
-                    f"but (parent {p}, hash {(h or '')[:12]}) in the source"
-                )
+                self.conflicts.append(_message_conflict(src, id_parent, id_hash, p, h))
             # The message's own id when the target has it unchanged; else the
             # target's row with its identity; else a new row - the smallest
             # source id among source rows with the same identity, so duplicates
@@ -567,6 +574,12 @@ class _SourceMerge:
                 (depth + 1, NEW, SAME, MAPPED),
             )
             done += self.one("SELECT count(*) FROM temp.lvl")
+            if below_new:
+                settled_below = self.settle_below_new(depth + 1)
+                if settled_below is None:
+                    below_new = False  # twins under a new parent: level by level from here
+                else:
+                    done += settled_below
             self.progress("mapping messages", done, total)
             depth += 1
         unreachable = self.one("SELECT count(*) FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map)")
@@ -613,6 +626,49 @@ class _SourceMerge:
                 counts.mapped = n
             else:
                 counts.existing = n
+
+    def settle_below_new(self, depth: int) -> int | None:
+        """Settle every descendant of the messages the last round found new, at once.
+
+        Below a message the target lacks, the target has nothing (no row of
+        it has a parent it lacks), so no descendant can match one of its
+        rows: each is new, under its own parent, unless two siblings share an
+        identity (a source without the unique index), which the rounds
+        collapse. Returns how many were settled, or None when such twins are
+        there (nothing is settled then). A descendant whose id the target
+        holds for another message is a conflict, as in the rounds.
+        """
+        c = self.conn
+        c.execute("DROP TABLE IF EXISTS temp.below_new")
+        c.execute(
+            "CREATE TEMP TABLE below_new AS WITH RECURSIVE d(src, parent, hash, depth) AS ("
+            "  SELECT s.id, s.parent_id, s.hash, m.depth + 1 FROM temp.msg_map m "
+            "  JOIN temp.src_msg s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
+            "  AND NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id) "
+            "  UNION ALL "
+            "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.src_msg s ON s.parent_id = d.src "
+            "  WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id)"
+            ") SELECT src, parent, hash, depth FROM d",
+            (depth, NEW),
+        )
+        twins_below = self.one("SELECT 1 FROM temp.below_new GROUP BY parent, hash HAVING count(*) > 1 LIMIT 1")
+        # A twin the last round mapped onto a new message: its children must
+        # meet that message's children in one round.
+        twins_now = self.one(
+            "SELECT 1 FROM temp.msg_map m JOIN temp.msg_map n ON n.src = m.dst "
+            "WHERE m.depth = ? AND m.kind = ? AND n.kind = ? LIMIT 1",
+            (depth, MAPPED, NEW),
+        )
+        if twins_below or twins_now:
+            return None
+        for src, id_parent, id_hash, p, h in c.execute(
+            f"SELECT b.src, coalesce(t.{self.fmt.parent_column}, '{TOP}'), t.content_hash, b.parent, b.hash "
+            f"FROM temp.below_new b JOIN main.messages t ON t.{self.fmt.message_key} = b.src LIMIT ?",
+            (MAX_CONFLICTS_SHOWN * 10,),
+        ):
+            self.conflicts.append(_message_conflict(src, id_parent, id_hash, p, h))
+        c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new")
+        return self.changes()
 
     def all_new_in_order(self) -> bool:
         """Every unsettled message's parent is settled or unsettled-and-earlier in

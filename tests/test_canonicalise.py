@@ -6,11 +6,12 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dagsync.canonical import content_hash
 from dagsync.canonicalise import canonicalise
+from dagsync.merge import merge
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore, part_row
 from tests.history import integrity, message_paths
@@ -75,6 +76,25 @@ def test_a_fixed_point_independent_of_row_order(tree, rng):
             ).fetchone()[0]
         assert dupes == 0
         assert report.collapsed == len(tree) - len(paths_before)
+
+
+@given(trees, st.randoms())
+# Twins under the root, each with a child of the same content: the children are twins too.
+@example([(-1, 0), (-1, 0), (0, 1), (1, 1), (3, 2), (2, 2)], None)
+def test_a_merge_collapses_a_sources_twins_as_canonicalise_does(tree, rng):
+    with tempfile.TemporaryDirectory() as d:
+        source, canonical, target = Path(d) / "s.db", Path(d) / "c.db", Path(d) / "t.db"
+        order = list(range(len(tree)))
+        if rng is not None:
+            rng.shuffle(order)
+        order.sort(key=lambda i: _depth(tree, i))
+        build(source, tree, order)
+        build(canonical, tree, order)
+        canonicalise(canonical)
+        merge(target, [source])
+        assert integrity(target) == []
+        assert dump(target) == dump(canonical)
+        assert set(message_paths(target).values()) == set(message_paths(source).values())
 
 
 def _depth(tree, i):

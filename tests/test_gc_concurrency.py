@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import apsw
@@ -262,7 +263,11 @@ def test_gc_in_a_loop_never_fails_a_live_writer_nor_loses_what_it_wrote(tmp_path
         # unreachable between its two transactions, and the 30 s grace period
         # (far longer than that gap, even with a 5 s wait for a lock) is all
         # that protects them.
-        while (len(reports) < 40 or len(rounds) < 50) and writer.poll() is None and len(reports) < 400:
+        # Until both have done enough, however slow the machine: no count of gc
+        # runs is sure to give the writer 50 rounds (gc's tiny transactions
+        # here let it in seldom), so the cap is generous and in time.
+        deadline = time.monotonic() + 300
+        while (len(reports) < 40 or len(rounds) < 50) and writer.poll() is None and time.monotonic() < deadline:
             if batches:
                 unreachable_slice(side, fmt, batches.pop(0))
                 if batches:
