@@ -32,6 +32,7 @@ from typing import Any
 
 import apsw
 
+from dagsync import others
 from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats import Format, Key, format_for_message_columns, normalise_sql
 
@@ -499,7 +500,9 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
       a reader half-way to writing finishes first;
     * after each commit we pause for a quarter of the transaction's length
       (at most 0.1 s): a waiting llm, sleeping in steps of at most 100 ms,
-      gets its turn before our next transaction.
+      gets its turn before our next transaction. The pause is skipped while
+      no other process has had the file open since the first write
+      (``others.may_be_waiting``): then nobody can be waiting.
     """
     if conn.in_transaction:
         yield
@@ -514,7 +517,8 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
         raise
     # A busy COMMIT leaves the transaction open, so it is safe to try again.
     _retry_busy(conn, "COMMIT")
-    time.sleep(min(0.1, (time.monotonic() - started) / 4))
+    if others.may_be_waiting(conn.filename):
+        time.sleep(min(0.1, (time.monotonic() - started) / 4))
 
 
 def _begin_exclusive(conn: apsw.Connection) -> None:
@@ -533,49 +537,9 @@ def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
     """
     conn.set_busy_timeout(0)
     try:
-        _retry_busy(conn, sql, first_delay=0.005, idle=lambda: not _others_lock(conn.filename))
+        _retry_busy(conn, sql, first_delay=0.005, idle=lambda: not others.holds_lock(conn.filename))
     finally:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-
-
-# SQLite's unix VFS locks these bytes of the database file with POSIX
-# advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
-_PENDING_BYTE = 0x40000000
-_LOCK_LAST = _PENDING_BYTE + 2 + 510 - 1
-
-
-def _others_lock(path: str) -> bool:
-    """Whether another process holds any SQLite lock on the file at ``path``.
-
-    Read from the kernel's list of held locks (Linux ``/proc/locks``) rather
-    than asked with ``fcntl(F_GETLK)``: that needs a descriptor of the file,
-    and closing any descriptor of a file drops every POSIX lock this process
-    holds on it, SQLite's own included. Where the list cannot be read (not
-    Linux, an in-memory database), the answer is no: dagsync then simply
-    tries the lock, as it always may.
-    """
-    if not path:
-        return False
-    try:
-        st = os.stat(path)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            held = f.read().splitlines()
-    except OSError:
-        return False
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    me = str(os.getpid())
-    for line in held:
-        fields = line.split()
-        # "1: POSIX  ADVISORY  READ 5666 fe:00:2148082 1073741826 1073742335";
-        # a waiter's line has "->" after the number: it holds nothing yet.
-        if len(fields) < 8 or fields[1] == "->" or fields[5] != ident or fields[4] == me:
-            continue
-        start, end = fields[6], fields[7]
-        if not start.isdigit():
-            continue
-        if int(start) <= _LOCK_LAST and (end == "EOF" or (end.isdigit() and int(end) >= _PENDING_BYTE)):
-            return True
-    return False
 
 
 def _retry_busy(

@@ -42,7 +42,7 @@ from typing import Any
 import apsw
 from ulid import ULID
 
-from dagsync import blobs, bookkeeping
+from dagsync import blobs, bookkeeping, others
 from dagsync.db import Database, Pacer, SourceChecks, open_target, open_unchecked_source, write_transaction
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
 from dagsync.formats import Format, JsonRef, Key, Table
@@ -65,6 +65,11 @@ FAST_FORWARD, KEEP, FORK = 1, 2, 3
 # Aim for write transactions this long; chunk sizes adapt to it. Far below
 # llm's 5 s busy timeout, and reads between them are bounded the same way.
 TARGET_SECONDS = 0.8
+# While no other process has had the target open, nobody waits for our lock,
+# and one that opens it meanwhile waits for at most one transaction: write
+# transactions may be this long (fewer commits, each rewriting the pages of
+# the random-keyed indexes it touched). Still well inside a 5 s busy timeout.
+ALONE_TARGET_SECONDS = 1.6
 FIRST_CHUNK = 2000
 MAX_READ_CHUNK = 100_000
 # A write transaction's cost is less even than a read's (an FTS index may
@@ -347,6 +352,9 @@ class _SourceMerge:
                 high = self.one(f"SELECT max({column}) FROM {schema_table} WHERE 1{bound}")
             started = time.perf_counter()
             yield low, high
+            if writes:
+                alone = not others.may_be_waiting(self.conn.filename)
+                pacer.target = ALONE_TARGET_SECONDS if alone else TARGET_SECONDS
             pacer.timed(time.perf_counter() - started)
             if phase:
                 done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))

@@ -1,0 +1,189 @@
+"""What other processes are doing with a database file: holding its locks, having it open.
+
+dagsync writes in short exclusive transactions so that a running llm, which
+waits at most 5 s for a lock, never fails (see ``db.write_transaction``). Two
+questions decide how polite a write must be:
+
+* ``holds_lock``: is another process inside a transaction on the file right
+  now? Then taking the write lock is not even tried (trying holds RESERVED
+  and PENDING for a moment, which refuses an llm that is about to write).
+* ``may_be_waiting``: could another process be waiting for our lock? Only a
+  process that has the file open can. If none has, the pause after each
+  commit that lets a waiting llm in is time thrown away.
+
+Both read what the kernel knows (Linux: ``/proc/locks``, ``/proc/<pid>/fd``,
+inotify). Where it cannot be read, the answers are the safe ones: nobody
+holds a lock (so it is simply tried, SQLite still refuses it when held), and
+somebody may be waiting (so the pause is kept).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+__all__ = ["holds_lock", "may_be_waiting"]
+
+# SQLite's unix VFS locks these bytes of the database file with POSIX
+# advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
+_PENDING_BYTE = 0x40000000
+_LOCK_LAST = _PENDING_BYTE + 2 + 510 - 1
+
+
+def holds_lock(path: str) -> bool:
+    """Whether another process holds any SQLite lock on the file at ``path``.
+
+    Read from the kernel's list of held locks (Linux ``/proc/locks``) rather
+    than asked with ``fcntl(F_GETLK)``: that needs a descriptor of the file,
+    and closing any descriptor of a file drops every POSIX lock this process
+    holds on it, SQLite's own included. Where the list cannot be read (not
+    Linux, an in-memory database), the answer is no.
+    """
+    if not path:
+        return False
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            held = f.read().splitlines()
+    except OSError:
+        return False
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    me = str(os.getpid())
+    for line in held:
+        fields = line.split()
+        # "1: POSIX  ADVISORY  READ 5666 fe:00:2148082 1073741826 1073742335";
+        # a waiter's line has "->" after the number: it holds nothing yet.
+        if len(fields) < 8 or fields[1] == "->" or fields[5] != ident or fields[4] == me:
+            continue
+        start, end = fields[6], fields[7]
+        if not start.isdigit():
+            continue
+        if int(start) <= _LOCK_LAST and (end == "EOF" or (end.isdigit() and int(end) >= _PENDING_BYTE)):
+            return True
+    return False
+
+
+def may_be_waiting(path: str) -> bool:
+    """Whether another process has had the file at ``path`` open since we first asked.
+
+    The first question about a file looks through every process's open files
+    (``/proc/<pid>/fd``) and starts an inotify watch for opens; later ones only
+    read the watch's events. Once another process is seen, the answer stays
+    yes for this file: being polite to nobody costs a few pauses, being rude
+    to a waiting llm fails its prompt. A process this user may not inspect
+    (another user's) is not seen while it was already open; one that opens
+    the file later is.
+    """
+    return _WATCH.may_be_waiting(path)
+
+
+# From <sys/inotify.h>.
+_IN_OPEN = 0x20
+_IN_Q_OVERFLOW = 0x4000
+_IN_IGNORED = 0x8000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = 0o2000000
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+
+
+class _OpenWatch:
+    """One inotify instance for the process, one watch per file asked about."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.unavailable = False
+        self.files: dict[int, tuple[int, int]] = {}  # watch descriptor -> (st_dev, st_ino)
+        self.watched: set[tuple[int, int]] = set()
+        self.opened: set[tuple[int, int]] = set()  # files another process has had open
+
+    def may_be_waiting(self, path: str) -> bool:
+        if not path or self.unavailable:
+            return True
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        key = (st.st_dev, st.st_ino)
+        if self.fd is not None:
+            self.read_events()  # first: a file gone since is forgotten now
+        if key not in self.watched and not self.watch(path, key):
+            return True
+        return key in self.opened
+
+    def watch(self, path: str, key: tuple[int, int]) -> bool:
+        try:
+            if self.fd is None:
+                libc = ctypes.CDLL(None, use_errno=True)
+                self.add_watch = libc.inotify_add_watch
+                self.add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+                fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+                if fd < 0:
+                    raise OSError(ctypes.get_errno(), "inotify_init1")
+                self.fd = fd
+            wd = self.add_watch(self.fd, os.fsencode(path), _IN_OPEN)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+        except (OSError, AttributeError):
+            # Not Linux, or out of inotify instances or watches: always polite.
+            self.unavailable = self.fd is None
+            return False
+        self.files[wd] = key
+        self.watched.add(key)
+        # Opened before the watch began: only the process table knows.
+        if _open_elsewhere(key):
+            self.opened.add(key)
+        return True
+
+    def read_events(self) -> None:
+        assert self.fd is not None
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.opened.update(self.watched)
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    self.opened.update(self.watched)  # events were lost: assume the worst
+                elif mask & _IN_IGNORED:
+                    # The file is gone (or its watch removed): a new file with
+                    # its inode number gets a new watch and a new look.
+                    key = self.files.pop(wd, None)
+                    if key is not None:
+                        self.watched.discard(key)
+                        self.opened.discard(key)
+                elif mask & _IN_OPEN and wd in self.files:
+                    self.opened.add(self.files[wd])
+
+
+def _open_elsewhere(key: tuple[int, int]) -> bool:
+    """Whether a process other than this one has the file ``key`` (st_dev, st_ino) open."""
+    me = os.getpid()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            fds = list(os.scandir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue  # gone, or another user's
+        for fd in fds:
+            try:
+                if not os.readlink(fd.path).startswith("/"):
+                    continue  # a pipe, socket, anonymous inode
+                st = os.stat(fd.path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == key:
+                return True
+    return False
+
+
+_WATCH = _OpenWatch()
