@@ -675,7 +675,8 @@ class _SourceMerge:
             (MAX_CONFLICTS_SHOWN * 10,),
         ):
             self.conflicts.append(_message_conflict(src, id_parent, id_hash, p, h))
-        c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new")
+        # In key order: msg_map is keyed by src.
+        c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new ORDER BY src")
         return self.changes()
 
     def all_new_in_order(self) -> bool:
@@ -949,6 +950,13 @@ class _SourceMerge:
                 (name,),
             )
         c.execute("CREATE INDEX temp.cand_key ON cand (key, head)")
+        # The source's head is a candidate's own head (a re-merge, or the same
+        # divergence merged before): the target has it, no chains to walk.
+        c.execute(
+            "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS "
+            "(SELECT 1 FROM temp.cand c WHERE c.key = ptr.key AND c.head = ptr.s_head)",
+            (KEEP,),
+        )
         mkey, parent, root = self.fmt.message_key, self.fmt.parent_column, self.fmt.root_id
         not_root = f"m.{mkey} != '{root}'" if root else "1"
         c.execute("CREATE TEMP TABLE s_up (key TEXT NOT NULL, dst TEXT)")
