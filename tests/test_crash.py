@@ -18,7 +18,7 @@ from tests.processes import kill_after
 MERGE = """
 import sys
 import dagsync.merge as m
-m.TARGET_SECONDS = 0.002
+m.TARGET_SECONDS = m.ALONE_TARGET_SECONDS = 0.002
 m.FIRST_CHUNK = 50
 m.merge(sys.argv[1], sys.argv[2:], progress=lambda *a: print(*a, flush=True))
 """
