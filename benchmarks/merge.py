@@ -19,6 +19,10 @@ for each scale:
 3. **re-merge** - the same source merged again into the merged copy (must
    write nothing), also in a child process.
 
+Steps 1-3 run ``--repeat`` times (default 3), one after another; each
+ratio is taken within a round and the median over rounds is reported (this
+machine's timings drift by 20% from minute to minute, the floor's too).
+
 Each measurement runs in its own child process, so peak RSS is that of the
 operation alone (Python + apsw + the operation), never the generator's.
 Timings are ``time.perf_counter`` inside the child around the operation only.
@@ -34,6 +38,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -354,8 +359,9 @@ def run_child(kind: str, target: Path, source: Path, statements: bool = False, c
 
 
 def bench_scale(
-    data: Path, conversations: int, seed: int, keep: bool, statements: bool, floor_cache_mib: int | None
-) -> dict:
+    data: Path, conversations: int, seed: int, keep: bool, statements: bool, floor_cache_mib: int | None,
+    repeat: int = 1,
+) -> dict:  # fmt: skip
     laptop1, laptop2, meta = ensure_family(data, conversations, seed)
     work = data / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -366,7 +372,9 @@ def bench_scale(
         warm(db)
 
     try:
-        return measure(laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib)
+        return measure(
+            laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib, repeat
+        )
     finally:
         if not keep:
             for db in (floor_db, merge_db):
@@ -376,24 +384,41 @@ def bench_scale(
 
 def measure(
     laptop1: Path, laptop2: Path, floor_db: Path, merge_db: Path, meta: dict, conversations: int, seed: int,
-    statements: bool, floor_cache_mib: int | None,
+    statements: bool, floor_cache_mib: int | None, repeat: int,
 ) -> dict:  # fmt: skip
+    """``repeat`` rounds of floor, merge, re-merge, one after another.
+
+    Each ratio is taken within a round (the floor and the merge measured
+    seconds apart, under the same machine weather), and the figures reported
+    are the medians over the rounds; every round is in the JSON.
+    """
     version = dagsync_version()
-    log("floor: copy, then ATTACH + INSERT OR IGNORE ... SELECT * per table in one transaction")
-    fresh_copy(laptop1, floor_db)
-    floor = run_child("floor", floor_db, laptop2, cache_mib=floor_cache_mib)
-    log(f"  {floor['seconds']:.2f}s")
+    rounds = []
+    for n in range(1, repeat + 1):
+        label = f"[round {n}/{repeat}] " if repeat > 1 else ""
+        log(f"{label}floor: copy, then ATTACH + INSERT OR IGNORE ... SELECT * per table in one transaction")
+        fresh_copy(laptop1, floor_db)
+        floor = run_child("floor", floor_db, laptop2, cache_mib=floor_cache_mib)
+        log(f"  {floor['seconds']:.2f}s")
 
-    log("merge: copy, then dagsync.merge.merge(copy, [laptop-2.db])")
-    fresh_copy(laptop1, merge_db)
-    merged = run_child("merge", merge_db, laptop2, statements)
-    log(f"  {merged['seconds']:.2f}s, peak RSS {merged['peak_rss_mb']} MB")
+        log(f"{label}merge: copy, then dagsync.merge.merge(copy, [{laptop2.name}])")
+        fresh_copy(laptop1, merge_db)
+        merged = run_child("merge", merge_db, laptop2, statements)
+        log(f"  {merged['seconds']:.2f}s ({merged['seconds'] / floor['seconds']:.2f}x), peak RSS {merged['peak_rss_mb']} MB")
 
-    log("re-merge: the same source into the merged copy again")
-    os.sync()
-    remerged = run_child("merge", merge_db, laptop2, statements)
-    log(f"  {remerged['seconds']:.2f}s, peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows")
+        log(f"{label}re-merge: the same source into the merged copy again")
+        os.sync()
+        remerged = run_child("merge", merge_db, laptop2, statements)
+        log(
+            f"  {remerged['seconds']:.2f}s ({remerged['seconds'] / floor['seconds']:.2f}x), "
+            f"peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows"
+        )
+        rounds.append((floor, merged, remerged))
 
+    def median(values: list[float]) -> float:
+        return round(statistics.median(values), 3)
+
+    floors, merges, remerges = zip(*rounds)
     result = {
         # Which dagsync was measured; "A -> B" if it changed during the run.
         "dagsync": version if dagsync_version() == version else f"{version} -> {dagsync_version()}",
@@ -401,18 +426,23 @@ def measure(
         "seed": seed,
         "databases": {name: {k: v for k, v in d.items() if k != "tables"} for name, d in meta["databases"].items()},
         "floor_cache_mib": floor_cache_mib,  # None: SQLite's default (2 MiB)
-        "floor_seconds": round(floor["seconds"], 3),
-        "floor_peak_rss_mb": floor["peak_rss_mb"],
-        "floor_inserted": floor["inserted"],
-        "merge_seconds": round(merged["seconds"], 3),
-        "merge_ratio": round(merged["seconds"] / floor["seconds"], 2),
-        "merge_peak_rss_mb": merged["peak_rss_mb"],
-        "remerge_seconds": round(remerged["seconds"], 3),
-        "remerge_ratio": round(remerged["seconds"] / floor["seconds"], 2),
-        "remerge_peak_rss_mb": remerged["peak_rss_mb"],
-        "remerge_written": remerged["written"],
-        "merge": merged,
-        "remerge": remerged,
+        "rounds": [
+            {"floor_seconds": round(f["seconds"], 3), "merge_seconds": round(m["seconds"], 3),
+             "remerge_seconds": round(r["seconds"], 3)}
+            for f, m, r in rounds
+        ],  # fmt: skip
+        "floor_seconds": median([f["seconds"] for f in floors]),
+        "floor_peak_rss_mb": max(f["peak_rss_mb"] for f in floors),
+        "floor_inserted": floors[-1]["inserted"],
+        "merge_seconds": median([m["seconds"] for m in merges]),
+        "merge_ratio": round(median([m["seconds"] / f["seconds"] for f, m, _ in rounds]), 2),
+        "merge_peak_rss_mb": max(m["peak_rss_mb"] for m in merges),
+        "remerge_seconds": median([r["seconds"] for r in remerges]),
+        "remerge_ratio": round(median([r["seconds"] / f["seconds"] for f, _, r in rounds]), 2),
+        "remerge_peak_rss_mb": max(r["peak_rss_mb"] for r in remerges),
+        "remerge_written": max(r["written"] for r in remerges),
+        "merge": merges[-1],
+        "remerge": remerges[-1],
         "rows_after": {"floor": sum(table_rows(floor_db).values()), "merge": sum(table_rows(merge_db).values())},
     }
     return result
@@ -485,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK_CONVERSATIONS} conversations")
     parser.add_argument("--scales", help="comma-separated conversation counts, e.g. 2000,20000,55000")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--repeat", type=int, default=3,
+        help="rounds of floor, merge, re-merge; the ratios are medians of each round's (default 3; --quick: 1)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the merged copies in DATA/work")
     parser.add_argument(
@@ -517,7 +551,10 @@ def main(argv: list[str] | None = None) -> int:
         scales = [args.conversations]
     args.data.mkdir(parents=True, exist_ok=True)
     results = [
-        bench_scale(args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib) for n in scales
+        bench_scale(
+            args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib, 1 if args.quick else args.repeat
+        )
+        for n in scales
     ]
     if args.json:
         json.dump({"python": sys.version.split()[0], "results": results}, sys.stdout, indent=2)

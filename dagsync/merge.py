@@ -538,7 +538,7 @@ class _SourceMerge:
             # Keyed by identity: what the target lacks is new, as itself, and
             # the source's order already puts parents first. No rounds needed
             # (the rounds are also what name a dangling parent or a cycle).
-            c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled")
+            c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
         # A new message's descendants are new (see settle_below_new); only the
         # hash format, whose key is the identity, settles them without rounds.
         below_new = table.key is Key.DAG_MESSAGE
