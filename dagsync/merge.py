@@ -973,20 +973,25 @@ class _SourceMerge:
         c.execute("CREATE TEMP TABLE s_up (key TEXT NOT NULL, dst TEXT)")
         c.execute("CREATE TEMP TABLE t_up (key TEXT NOT NULL, cur TEXT)")
         for low, high in self.chunks("temp.ptr"):
-            # Every message on the source head's chain, in the target's ids.
+            # Every message on the source head's chain, in the target's ids,
+            # up to the row's own head: past it, nothing can change the
+            # verdict (the row itself is the fast-forward preferred).
             c.execute(
-                f"INSERT INTO temp.s_up WITH RECURSIVE up(k, cur) AS (SELECT key, s_raw FROM temp.ptr "
-                f"WHERE verdict IS NULL AND rowid BETWEEN ? AND ? UNION SELECT up.k, m.{parent} FROM up "
-                f"JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
+                f"INSERT INTO temp.s_up WITH RECURSIVE up(k, cur, stop) AS (SELECT key, s_raw, t_head "
+                f"FROM temp.ptr WHERE verdict IS NULL AND rowid BETWEEN ? AND ? "
+                f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN src.messages m ON m.{mkey} = up.cur "
+                f"WHERE {not_root} AND (SELECT dst FROM temp.msg_map WHERE src = up.cur) IS NOT up.stop) "
                 "SELECT up.k, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur",
                 (low, high),
             )
-            # Every message on each candidate's chain.
+            # Every message on each candidate's chain, up to the source's head
+            # (finding it is all the chain is asked for).
             c.execute(
-                f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur) AS (SELECT c.key, c.head FROM temp.cand c "
-                f"JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL AND p.rowid BETWEEN ? AND ? "
-                f"UNION SELECT up.k, m.{parent} FROM up JOIN main.messages m ON m.{mkey} = up.cur "
-                f"WHERE {not_root}) SELECT k, cur FROM up",
+                f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur, stop) AS (SELECT c.key, c.head, p.s_head "
+                f"FROM temp.cand c JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL "
+                f"AND p.rowid BETWEEN ? AND ? "
+                f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN main.messages m ON m.{mkey} = up.cur "
+                f"WHERE {not_root} AND up.cur IS NOT up.stop) SELECT k, cur FROM up",
                 (low, high),
             )
         c.execute("CREATE INDEX temp.s_up_key ON s_up (key, dst)")
