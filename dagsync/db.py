@@ -439,9 +439,11 @@ def initialise(conn: apsw.Connection, fmt: Format) -> None:
 class Pacer:
     """Chunk sizes that keep each statement or transaction near ``target_seconds``.
 
-    Start small, double while a chunk takes under half the target, halve
-    when one takes over twice it: rows of one table cost very differently
-    from another's (an FTS-indexed response versus a link row).
+    Start small, grow fourfold while a chunk takes under a quarter of the
+    target and double while under half, halve when one takes over twice it:
+    rows of one table cost very differently from another's (an FTS-indexed
+    response versus a link row). ``target`` and ``largest`` may change
+    between chunks.
     """
 
     def __init__(self, largest: int, first: int, target_seconds: float) -> None:
@@ -450,10 +452,13 @@ class Pacer:
         self.target = target_seconds
 
     def timed(self, seconds: float) -> None:
-        if seconds < self.target / 2:
+        if seconds < self.target / 4:
+            self.size = min(self.size * 4, self.largest)  # far below: get there sooner
+        elif seconds < self.target / 2:
             self.size = min(self.size * 2, self.largest)
         elif seconds > self.target * 2:
             self.size = max(self.size // 2, 50)
+        self.size = min(self.size, self.largest)
 
 
 def rowid_ranges(conn: apsw.Connection, table: str, pacer: Pacer, where: str = "1") -> Iterator[tuple[int, int]]:

@@ -75,6 +75,7 @@ MAX_READ_CHUNK = 100_000
 # A write transaction's cost is less even than a read's (an FTS index may
 # merge its segments in one of them), so write chunks stay smaller.
 MAX_WRITE_CHUNK = 50_000
+ALONE_MAX_WRITE_CHUNK = 200_000
 MAX_CONFLICTS_SHOWN = 10
 # A live writer that inserts a colliding row between plan and apply makes an
 # insert fail; the merge then re-plans from the files, this many times.
@@ -364,6 +365,7 @@ class _SourceMerge:
             if writes:
                 alone = not others.may_be_waiting(self.conn.filename)
                 pacer.target = ALONE_TARGET_SECONDS if alone else TARGET_SECONDS
+                pacer.largest = ALONE_MAX_WRITE_CHUNK if alone else MAX_WRITE_CHUNK
             pacer.timed(time.perf_counter() - started)
             if phase:
                 done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
