@@ -495,7 +495,6 @@ class _SourceMerge:
                 f"FROM src.messages WHERE rowid BETWEEN ? AND ? AND {key} != '{TOP}'",
                 (low, high),
             )
-        c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
         c.execute(
             "CREATE TEMP TABLE msg_map (src TEXT PRIMARY KEY, dst TEXT NOT NULL, parent TEXT NOT NULL, "
             "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
@@ -535,6 +534,10 @@ class _SourceMerge:
             "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
             "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id)"
         )
+        # Children are looked up by parent only below what is settled (in a
+        # re-merge, nothing is left).
+        if self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
+            c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
         settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
         if settled:
             # Keyed by identity: what the target lacks is new, as itself, and
