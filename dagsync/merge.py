@@ -711,15 +711,20 @@ class _SourceMerge:
         column, _ = table.owner  # type: ignore[misc]
         key = table.natural_key[0]
         added = 0
+        rows = f'temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src'
         for low, high in self.chunks("temp.msg_new", "seq"):
-            added += self.one(
-                f'SELECT count(*) FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
-                "WHERE n.seq BETWEEN ? AND ?",
+            # One pass counts them and the ones whose key the target has.
+            count, clashes = next(iter(self.conn.execute(
+                f'SELECT count(*), count(t."{key}") FROM {rows} LEFT JOIN main."{table.name}" t '
+                f'ON t."{key}" = s."{key}" WHERE n.seq BETWEEN ? AND ?',
                 (low, high),
-            )
+            )))  # fmt: skip
+            added += count
+            if not clashes:
+                continue
             for (clash,) in self.conn.execute(
-                f'SELECT s."{key}" FROM temp.msg_new n JOIN src."{table.name}" s ON s."{column}" = n.src '
-                f'JOIN main."{table.name}" t ON t."{key}" = s."{key}" WHERE n.seq BETWEEN ? AND ? LIMIT ?',
+                f'SELECT s."{key}" FROM {rows} JOIN main."{table.name}" t ON t."{key}" = s."{key}" '
+                "WHERE n.seq BETWEEN ? AND ? LIMIT ?",
                 (low, high, MAX_CONFLICTS_SHOWN),
             ):
                 self.conflicts.append(f"{table.name} {clash} belongs to a new message but is already in the target")
@@ -872,6 +877,8 @@ class _SourceMerge:
             ref_table = self.fmt.table(ref)
             if ref == table.name and ref_table.key in MESSAGE_KEYS:
                 continue  # parent links: plan_messages checked them
+            if table.owner is not None and column == table.owner[0]:
+                continue  # the rows checked are those of new owners: this resolves
             if ref_table.key in MESSAGE_KEYS or ref_table.key is Key.INTEGER:
                 # Mapped from the source's own rows: the source must have the row.
                 fails = f"{self.expr(table, column)} IS NULL"

@@ -242,6 +242,23 @@ class TestSourcesAreReadOnlyAndUntrusted:
         assert f"calls {call_id} differs between the two files" in info.value.conflicts
         assert any(c.startswith(f"message {mid} is (parent ") for c in info.value.conflicts)
 
+    def test_a_new_messages_part_whose_id_the_target_has(self, target, hostile):
+        with sqlite3.connect(target) as conn:
+            taken = {pid for (pid,) in conn.execute("SELECT id FROM message_parts")}
+        with sqlite3.connect(hostile) as conn:
+            theirs = {pid for (pid,) in conn.execute("SELECT id FROM message_parts")}
+            part = min(taken - theirs)
+            conn.execute("INSERT INTO messages VALUES ('new-one', 'root', 'h-new', 'user', NULL, 'x')")
+            conn.execute(
+                "INSERT INTO message_parts (id, message_id, \"order\", part_type, content) VALUES (?, 'new-one', 0, 'text', 'hi')",
+                (part,),
+            )
+        before = target.read_bytes()
+        with pytest.raises(MergeConflict) as info:
+            merge(target, [hostile])
+        assert target.read_bytes() == before
+        assert f"message_parts {part} belongs to a new message but is already in the target" in info.value.conflicts
+
     def test_a_source_of_the_other_format(self, target, tmp_path):
         subprocess_env = {**os.environ, "LLM_USER_PATH": str(tmp_path / "llm")}
         import subprocess
