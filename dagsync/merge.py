@@ -749,15 +749,15 @@ class _SourceMerge:
         ranked = f"row_number() OVER (PARTITION BY {keys} ORDER BY id)"
         # The target's keys (and the source's, rewritten into the target's
         # terms) copied into indexed temp tables, read in bounded slices.
-        c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys}, 0 AS rnk FROM main."{name}" WHERE 0')
+        c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys}, 1 AS rnk FROM main."{name}" WHERE 0')
         for low, high in self.chunks(f'main."{name}"', "id"):
             c.execute(
-                f'INSERT INTO temp."tk_{name}" SELECT id, {keys}, 0 FROM main."{name}" WHERE id BETWEEN ? AND ?',
+                f'INSERT INTO temp."tk_{name}" SELECT id, {keys}, 1 FROM main."{name}" WHERE id BETWEEN ? AND ?',
                 (low, high),
             )
         c.execute(
             f'CREATE TEMP TABLE "sk_{name}" (seq INTEGER PRIMARY KEY, id INTEGER NOT NULL, '
-            f"{keys}, rnk INTEGER)"
+            f"{keys}, rnk INTEGER DEFAULT 1)"
         )
         mapped = ", ".join(self.expr(table, k) for k in nk)
         for low, high in self.chunks(f'src."{name}"', "id"):
@@ -767,10 +767,12 @@ class _SourceMerge:
                 (low, high),
             )
         for side in ("tk", "sk"):
-            c.execute(
-                f'UPDATE temp."{side}_{name}" SET rnk = r.n FROM (SELECT id, {ranked} AS n '
-                f'FROM temp."{side}_{name}") r WHERE "{side}_{name}".id = r.id'
-            )
+            # Every rank is 1 unless a key repeats (rare): only then count them.
+            if self.one(f'SELECT 1 FROM temp."{side}_{name}" GROUP BY {keys} HAVING count(*) > 1 LIMIT 1'):
+                c.execute(
+                    f'UPDATE temp."{side}_{name}" SET rnk = r.n FROM (SELECT id, {ranked} AS n '
+                    f'FROM temp."{side}_{name}") r WHERE "{side}_{name}".id = r.id'
+                )
         c.execute(f'CREATE INDEX temp."tk_{name}_nk" ON "tk_{name}" ({keys}, rnk)')
         same = " AND ".join(f't."{k}" IS s."{k}"' for k in nk)
         # A new row's placeholder (-seq) is below every real id, so nothing
