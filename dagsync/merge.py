@@ -604,7 +604,8 @@ class _SourceMerge:
                     done += settled_below
             self.progress("mapping messages", done, total)
             depth += 1
-        unreachable = self.one("SELECT count(*) FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map)")
+        # Every map row but the root's is a settled source message.
+        unreachable = total - (self.one("SELECT count(*) FROM temp.msg_map") - 1)
         if unreachable:
             example, parent = next(iter(c.execute(
                 "SELECT id, parent_id FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map) "
