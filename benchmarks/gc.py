@@ -498,7 +498,7 @@ def print_run(r: dict, out=sys.stdout, show_phases: bool = False) -> None:
         f"  subject: {Path(s['family']).name} with 1 in {r['every']} conversations deleted by hand, "
         f"{s['rows']:,} rows, {mib(s['bytes'])}"
     )
-    say(f"    deleted by hand: " + ", ".join(f"{t} {n:,}" for t, n in s["deleted_by_hand"].items() if n))
+    say("    deleted by hand: " + ", ".join(f"{t} {n:,}" for t, n in s["deleted_by_hand"].items() if n))
     frac = r["unreachable_fraction"]
     say(
         f"  unreachable messages: {r['unreachable']:,} of {r['unreachable'] + r['gc_runs'][-1]['report']['reachable']:,} "
@@ -529,7 +529,6 @@ def print_run(r: dict, out=sys.stdout, show_phases: bool = False) -> None:
         f"{'':>6} {vac['peak_rss_mb']:>12.1f} {vac['sleep_seconds']:>11.2f}   of which vacuum {r['vacuum_seconds']:.2f}s"
     )
     if "incremental_runs" in r:
-        inc = r["incremental_runs"][-1]
         total = sum(x["seconds"] for x in r["incremental_runs"])
         say(
             f"  {'incremental gc --vacuum':<22} {total:>9.2f} {total / r['floor_seconds']:>8.2f} {'':>6} "

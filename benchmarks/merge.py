@@ -418,7 +418,7 @@ def measure(
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
-    floors, merges, remerges = zip(*rounds)
+    floors, merges, remerges = zip(*rounds, strict=True)
     result = {
         # Which dagsync was measured; "A -> B" if it changed during the run.
         "dagsync": version if dagsync_version() == version else f"{version} -> {dagsync_version()}",
