@@ -57,7 +57,6 @@ import functools
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -297,22 +296,14 @@ def child_gc(target: str, vacuum: bool, statements: bool, now: float | None) -> 
 
 
 def run_gc_child(target: Path, now: float | None, vacuum: bool = False, statements: bool = False) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "gc", str(target)]
+    args = ["gc", str(target)]
     if now is not None:
-        cmd += ["--now", repr(now)]
+        args += ["--now", repr(now)]
     if vacuum:
-        cmd.append("--vacuum")
+        args.append("--vacuum")
     if statements:
-        cmd.append("--statements")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"gc child failed with exit status {proc.returncode}")
-    result = json.loads(proc.stdout)
-    result["wall_seconds"] = round(wall, 3)
-    return result
+        args.append("--statements")
+    return bench.run_script_child(__file__, args, "gc")
 
 
 # -- one run ------------------------------------------------------------------------------

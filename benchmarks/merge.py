@@ -337,22 +337,30 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_child(kind: str, target: Path, source: Path, statements: bool = False, cache_mib: int | None = None) -> dict:
-    """Run one measurement in a child process, so its peak memory is its own."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(target), str(source)]
-    if statements:
-        cmd.append("--statements")
-    if cache_mib:
-        cmd += ["--floor-cache-mib", str(cache_mib)]
+def run_script_child(script: str, args: list[str], label: str) -> dict:
+    """Run ``python SCRIPT --child ARGS...`` (one measurement in its own process,
+    so its peak memory is its own) and return the JSON it prints, with the
+    child's wall time, interpreter start-up and imports included."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--child", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{kind} child failed with exit status {proc.returncode}")
+        raise SystemExit(f"{label} child failed with exit status {proc.returncode}")
     result = json.loads(proc.stdout)
-    result["wall_seconds"] = round(wall, 3)  # with interpreter start-up and imports
+    result["wall_seconds"] = round(wall, 3)
     return result
+
+
+def run_child(kind: str, target: Path, source: Path, statements: bool = False, cache_mib: int | None = None) -> dict:
+    """One floor or merge measurement in a child process."""
+    args = [kind, str(target), str(source)]
+    if statements:
+        args.append("--statements")
+    if cache_mib:
+        args += ["--floor-cache-mib", str(cache_mib)]
+    return run_script_child(__file__, args, kind)
 
 
 # -- one scale ---------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -180,13 +179,8 @@ CHILDREN = {"raw": child_raw, "pack": child_pack, "dictionary": child_dictionary
 
 
 def run_child(kind: str, path: Path, level: int, threshold: int, *extra: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(path), str(level), str(threshold)]
-    cmd += [str(e) for e in extra]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} child failed with exit status {proc.returncode}")
-    return json.loads(proc.stdout)
+    args = [kind, str(path), str(level), str(threshold), *map(str, extra)]
+    return merge_bench.run_script_child(__file__, args, kind)
 
 
 def main(argv: list[str] | None = None) -> int:
