@@ -594,14 +594,17 @@ class _Gc:
             f'(SELECT 1 FROM temp.gc_cand k WHERE k.key = ch."{self.key}" AND k.seq <= {int(high)})'
         )
         query = " UNION ".join([*found, children])
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_kept (key TEXT PRIMARY KEY)")
         while True:
-            kept = [key for (key,) in self.conn.execute(query)]
+            self.conn.execute("DELETE FROM temp.gc_kept")
+            self.conn.execute(f"INSERT INTO temp.gc_kept {query}")
+            kept = self.one("SELECT count(*) FROM temp.gc_kept")
             if not kept:
                 return
-            self.kept_as_new += len(kept)
+            self.kept_as_new += kept
             self.kept_back = True
-            self.conn.executemany("DELETE FROM temp.gc_cand WHERE key = ?", [(k,) for k in kept])
-            self.conn.executemany("DELETE FROM temp.gc_chunk WHERE key = ?", [(k,) for k in kept])
+            self.conn.execute("DELETE FROM temp.gc_cand WHERE key IN (SELECT key FROM temp.gc_kept)")
+            self.conn.execute("DELETE FROM temp.gc_chunk WHERE key IN (SELECT key FROM temp.gc_kept)")
             # Their parents in this chunk now have a child that stays: look again.
             query = children
 
