@@ -38,9 +38,11 @@ from dagsync.formats import Format, Key, format_for_message_columns, normalise_s
 
 __all__ = [
     "Database",
+    "OpenedMeanwhile",
     "Pacer",
     "SourceChecks",
     "create_private_file",
+    "long_transactions",
     "open_source",
     "open_unchecked_source",
     "open_target",
@@ -59,6 +61,10 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 2000
 WRITE_RETRY_SECONDS = 120.0
 CACHE_KIB = 65536
+# Inside ``long_transactions``, while nobody else has the file open, commit
+# this often: what a kill -9 can cost in work to redo, never a lock held
+# against anyone.
+LONG_COMMIT_SECONDS = 5.0
 
 
 @dataclass
@@ -508,7 +514,15 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
       gets its turn before our next transaction. The pause is skipped while
       no other process has had the file open since the first write
       (``others.may_be_waiting``): then nobody can be waiting.
+
+    Inside ``long_transactions``, while nobody else has the file open, each
+    one is a step of one long transaction instead.
     """
+    long = _LONG.get(id(conn))
+    if long is not None:
+        with long.step():
+            yield
+        return
     if conn.in_transaction:
         yield
         return
@@ -524,6 +538,108 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
     _retry_busy(conn, "COMMIT")
     if others.may_be_waiting(conn.filename):
         time.sleep(min(0.1, (time.monotonic() - started) / 4))
+
+
+class OpenedMeanwhile(Exception):
+    """Another process opened the file in the middle of a statement of a long
+    transaction: the statement was interrupted and the transaction rolled back.
+    Everything committed before is consistent; the caller redoes the rest politely."""
+
+
+@contextlib.contextmanager
+def long_transactions(conn: apsw.Connection) -> Iterator[None]:
+    """Let the ``write_transaction`` steps inside this block share long transactions
+    while no other process has the file open.
+
+    Short transactions are for a live writer's sake; with nobody else having
+    the file open they only cost time: each commit rewrites every page of a
+    random-keyed index (``content_hash``) that its rows touched. So, when an
+    ``others.OpenAlarm`` can be had and nobody has had the file open, one
+    exclusive transaction spans the steps, committed at a step's end every
+    LONG_COMMIT_SECONDS. Steps keep their order, so every commit point is
+    one that short transactions would have had.
+
+    The moment another process opens the file (an llm about to write, which
+    waits at most 5 s), the alarm interrupts the running statement. Between
+    statements, the next step's end commits and the rest goes in short,
+    polite transactions; inside one, the statement fails, the transaction is
+    rolled back and ``OpenedMeanwhile`` is raised. Either way the newcomer
+    waits for a rollback or a commit, not for the work.
+    """
+    path = conn.filename
+    if conn.in_transaction or id(conn) in _LONG:
+        yield  # already inside one: its owner decides
+        return
+    long = _LongTransaction(conn)
+    # The alarm first: an open after it is heard, one before it is seen here.
+    alarm = others.OpenAlarm.start(path, long.opened) if path else None
+    if alarm is not None and others.may_be_waiting(path):
+        alarm.close()
+        alarm = None
+    if alarm is None:
+        yield  # somebody may be waiting, or could not be heard in time: short transactions
+        return
+    _LONG[id(conn)] = long
+    try:
+        try:
+            yield
+            if conn.in_transaction:
+                _retry_busy(conn, "COMMIT")
+        except apsw.InterruptError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if long.interrupted.is_set():
+                raise OpenedMeanwhile(f"another process opened {path}") from exc
+            raise
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        _LONG.pop(id(conn), None)
+        alarm.close()
+
+
+class _LongTransaction:
+    """The state of one ``long_transactions`` block: when its transaction began,
+    and whether another process has opened the file since."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.began = 0.0
+        self.interrupted = threading.Event()
+        self.depth = 0  # write_transaction blocks open; the outermost is a step
+
+    def opened(self) -> None:
+        """From the alarm's thread: stop the running statement (a no-op between statements)."""
+        self.interrupted.set()
+        self.conn.interrupt()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        if not self.conn.in_transaction:
+            _begin_exclusive(self.conn)
+            self.began = time.monotonic()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.depth == 0:
+            self.step_done()
+
+    def step_done(self) -> None:
+        """At a step's end, a point at which the file is consistent."""
+        if self.interrupted.is_set():
+            # Somebody is waiting: let them in now, and be polite from here on.
+            _LONG.pop(id(self.conn), None)
+            _retry_busy(self.conn, "COMMIT")
+        elif time.monotonic() - self.began >= LONG_COMMIT_SECONDS:
+            _retry_busy(self.conn, "COMMIT")  # the next step begins the next one
+
+
+# The connections inside ``long_transactions`` now, by id().
+_LONG: dict[int, _LongTransaction] = {}
 
 
 def _begin_exclusive(conn: apsw.Connection) -> None:

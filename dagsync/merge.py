@@ -43,7 +43,16 @@ import apsw
 from ulid import ULID
 
 from dagsync import blobs, bookkeeping, others
-from dagsync.db import Database, Pacer, SourceChecks, open_target, open_unchecked_source, write_transaction
+from dagsync.db import (
+    Database,
+    OpenedMeanwhile,
+    Pacer,
+    SourceChecks,
+    long_transactions,
+    open_target,
+    open_unchecked_source,
+    write_transaction,
+)
 from dagsync.errors import DagsyncError, DamagedSource, MergeConflict, UnsupportedDatabase
 from dagsync.formats import Format, JsonRef, Key, Table
 from dagsync.store import UlidFactory
@@ -161,7 +170,7 @@ def merge(
         target_db = open_target(target)
     reports: list[SourceReport] = []
     try:
-        for path, fmt in zip(source_paths, formats):
+        for path, fmt in zip(source_paths, formats, strict=True):
             if fmt is not target_db.format:
                 raise UnsupportedDatabase(
                     f"{path} is in the {fmt.name} format but {target} is in the "
@@ -220,12 +229,24 @@ def _merge_one_marked(
                     run.conflicts,
                 )
             if not dry_run:
-                run.apply()
-                if run.target_packed:
-                    # A packed target stays packed: what arrived inline is packed
-                    # with the target's settings, blobs the source has copied by key.
-                    blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
+                # While nobody else has the target open, in long transactions.
+                with long_transactions(target.conn):
+                    run.apply()
+                    if run.target_packed:
+                        # A packed target stays packed: what arrived inline is packed
+                        # with the target's settings, blobs the source has copied by key.
+                        blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
             return run.report()
+        except OpenedMeanwhile:
+            # A process opened the target in the middle of a long transaction,
+            # which was rolled back for its sake; what was committed before is
+            # consistent. Plan again from the files, and write politely from
+            # now on (the file stays marked as opened by another: once only).
+            if attempt == ATTEMPTS:
+                raise DagsyncError(
+                    f"another process kept opening {target.path} during the merge of {source}; "
+                    "everything merged so far is consistent - run the merge again"
+                ) from None
         except apsw.ConstraintError as exc:
             # Someone wrote a colliding row between plan and apply; every
             # commit so far is consistent, so plan again from the files.
@@ -274,6 +295,8 @@ class _SourceMerge:
         self.new_id = UlidFactory()
         self.attached = False
         self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
+        # New rows whose references resolve nowhere, by table, where a plan counted them.
+        self.dangling_counted: dict[str, int] = {}
 
     # -- plumbing ------------------------------------------------------------
 
@@ -537,7 +560,7 @@ class _SourceMerge:
         # Children are looked up by parent only below what is settled (in a
         # re-merge, nothing is left).
         if self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
-            c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
+            c.execute("CREATE INDEX temp.unsettled_parent ON unsettled (parent_id)")
         settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
         if settled:
             # Keyed by identity: what the target lacks is new, as itself, and
@@ -556,7 +579,7 @@ class _SourceMerge:
                 )
             else:
                 c.execute(
-                    "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
+                    "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.unsettled s "
                     "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
                     "(SELECT src FROM temp.msg_map)",
                     (depth,),
@@ -666,10 +689,10 @@ class _SourceMerge:
         c.execute(
             "CREATE TEMP TABLE below_new AS WITH RECURSIVE d(src, parent, hash, depth) AS ("
             "  SELECT s.id, s.parent_id, s.hash, m.depth + 1 FROM temp.msg_map m "
-            "  JOIN temp.src_msg s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
+            "  JOIN temp.unsettled s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
             "  AND NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id) "
             "  UNION ALL "
-            "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.src_msg s ON s.parent_id = d.src "
+            "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.unsettled s ON s.parent_id = d.src "
             "  WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id)"
             ") SELECT src, parent, hash, depth FROM d",
             (depth, NEW),
@@ -836,14 +859,19 @@ class _SourceMerge:
             compare = ()  # a composite row is all key
         match = self.key_match(table)
         differs = " OR ".join(f't."{c}" IS NOT {self.expr(table, c)}' for c in compare) or "0"
-        added = existing = 0
+        # The same pass counts new rows with a reference that resolves nowhere
+        # (see check_dangling, which names one only if there are any).
+        dangles = " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
+        added = existing = dangling = 0
         for low, high in self.chunks(f'src."{name}"'):
-            new, old, conflicting = next(iter(self.conn.execute(
-                f'SELECT count(*) - count(t.rowid), count(t.rowid), coalesce(sum(t.rowid IS NOT NULL AND ({differs})), 0) '
+            new, old, conflicting, bad = next(iter(self.conn.execute(
+                f"SELECT count(*) - count(t.rowid), count(t.rowid), "
+                f"coalesce(sum(t.rowid IS NOT NULL AND ({differs})), 0), "
+                f"coalesce(sum(CASE WHEN t.rowid IS NULL THEN ({dangles}) ELSE 0 END), 0) "
                 f'FROM src."{name}" s LEFT JOIN main."{name}" t ON {match} WHERE s.rowid BETWEEN ? AND ?',
                 (low, high),
             )))  # fmt: skip
-            added, existing = added + new, existing + old
+            added, existing, dangling = added + new, existing + old, dangling + bad
             if conflicting and len(self.conflicts) < MAX_CONFLICTS_SHOWN * 10:
                 for (k,) in self.conn.execute(
                     f'SELECT s."{key[0]}" FROM src."{name}" s JOIN main."{name}" t ON {match} '
@@ -853,6 +881,7 @@ class _SourceMerge:
                     self.conflicts.append(f"{name} {k} differs between the two files")
         counts = self.counts[name]
         counts.added, counts.existing = added, existing
+        self.dangling_counted[name] = dangling
 
     def key_match(self, table: Table, target_alias: str = "t") -> str:
         """SQL true when the target row ``target_alias`` has the source row's key."""
@@ -875,7 +904,15 @@ class _SourceMerge:
         dangle in the target: refuse the source, naming the first one."""
         if not self.counts[table.name].added:
             return  # no row of it is copied (fork rows point where the source's row did)
-        checks: list[tuple[str, str, str, str]] = []  # (column, referenced table, fails, why)
+        checks = self.dangling_checks(table)
+        if checks and self.dangling_counted.get(table.name) != 0:
+            self.find_dangling(table, checks)
+        self.check_json_refs(table)
+
+    def dangling_checks(self, table: Table) -> list[tuple[str, str, str, str]]:
+        """(column, referenced table, SQL true when the source row ``s``'s reference
+        resolves nowhere, why) for each reference a copied row must resolve."""
+        checks: list[tuple[str, str, str, str]] = []
         for column, ref in self.fmt.references[table.name].items():
             ref_table = self.fmt.table(ref)
             if ref == table.name and ref_table.key in MESSAGE_KEYS:
@@ -897,32 +934,38 @@ class _SourceMerge:
                 fails = f"NOT ({in_source} OR {in_target})"
                 why = "which neither file has"
             checks.append((column, ref, f'(s."{column}" IS NOT NULL AND {fails})', why))
-        if checks:
-            failing = " OR ".join(f for _, _, f, _ in checks)
-            values = ", ".join(f's."{col}", {f}' for col, _, f, _ in checks)
-            if table.owner is not None:
-                # Only the rows of new messages are copied: walk those alone.
-                rows, slices = (
-                    f'temp.msg_new n JOIN src."{table.name}" s ON s."{table.owner[0]}" = n.src '
-                    "WHERE n.seq BETWEEN ? AND ?",
-                    self.chunks("temp.msg_new", "seq"),
-                )
-            else:
-                rows, slices = (
-                    f'src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {self.is_new(table)}',
-                    self.chunks(f'src."{table.name}"'),
-                )
-            for low, high in slices:
-                for row in self.conn.execute(
-                    f"SELECT {values} FROM {rows} AND ({failing}) LIMIT 1",
-                    (low, high),
-                ):
-                    for i, (column, ref, _, why) in enumerate(checks):
-                        if row[2 * i + 1]:
-                            raise DamagedSource(
-                                f"{self.source}: {table.name}.{column} refers to {ref} {row[2 * i]!r}, {why}; "
-                                "nothing was merged - run `dagsync verify` on the source"
-                            )
+        return checks
+
+    def find_dangling(self, table: Table, checks: list[tuple[str, str, str, str]]) -> None:
+        """Raise ``DamagedSource`` naming the first reference that resolves nowhere."""
+        failing = " OR ".join(f for _, _, f, _ in checks)
+        values = ", ".join(f's."{col}", {f}' for col, _, f, _ in checks)
+        if table.owner is not None:
+            # Only the rows of new messages are copied: walk those alone.
+            rows, slices = (
+                f'temp.msg_new n JOIN src."{table.name}" s ON s."{table.owner[0]}" = n.src '
+                "WHERE n.seq BETWEEN ? AND ?",
+                self.chunks("temp.msg_new", "seq"),
+            )
+        else:
+            rows, slices = (
+                f'src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {self.is_new(table)}',
+                self.chunks(f'src."{table.name}"'),
+            )
+        for low, high in slices:
+            for row in self.conn.execute(
+                f"SELECT {values} FROM {rows} AND ({failing}) LIMIT 1",
+                (low, high),
+            ):
+                for i, (column, ref, _, why) in enumerate(checks):
+                    if row[2 * i + 1]:
+                        raise DamagedSource(
+                            f"{self.source}: {table.name}.{column} refers to {ref} {row[2 * i]!r}, {why}; "
+                            "nothing was merged - run `dagsync verify` on the source"
+                        )
+
+    def check_json_refs(self, table: Table) -> None:
+        """Ids inside a JSON column of a copied row must be mapped, as columns are."""
         for json_ref in table.json_refs:
             piece = f"j.value ->> '$.{json_ref.id_key}'"
             for low, high in self.chunks(f'src."{table.name}"'):
@@ -988,9 +1031,28 @@ class _SourceMerge:
         c.execute("CREATE TEMP TABLE s_up (key TEXT NOT NULL, dst TEXT)")
         c.execute("CREATE TEMP TABLE t_up (key TEXT NOT NULL, cur TEXT)")
         for low, high in self.chunks("temp.ptr"):
-            # Every message on the source head's chain, in the target's ids,
-            # up to the row's own head: past it, nothing can change the
-            # verdict (the row itself is the fast-forward preferred).
+            # Every message on each candidate's chain, up to the source's head
+            # (finding it is all the chain is asked for). A head the target
+            # lacks is on none of its chains: no walk.
+            c.execute(
+                f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur, stop) AS (SELECT c.key, c.head, p.s_head "
+                f"FROM temp.cand c JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL "
+                f"AND p.rowid BETWEEN ? AND ? AND (SELECT kind FROM temp.msg_map WHERE src = p.s_raw) IS NOT {NEW} "
+                f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN main.messages m ON m.{mkey} = up.cur "
+                f"WHERE {not_root} AND up.cur IS NOT up.stop) SELECT k, cur FROM up",
+                (low, high),
+            )
+        c.execute("CREATE INDEX temp.t_up_key ON t_up (key, cur)")
+        c.execute(
+            "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS "
+            "(SELECT 1 FROM temp.t_up u WHERE u.key = ptr.key AND u.cur = ptr.s_head)",
+            (KEEP,),
+        )
+        for low, high in self.chunks("temp.ptr"):
+            # What is left (not kept): every message on the source head's
+            # chain, in the target's ids, up to the row's own head: past it,
+            # nothing can change the verdict (the row itself is the
+            # fast-forward preferred).
             c.execute(
                 f"INSERT INTO temp.s_up WITH RECURSIVE up(k, cur, stop) AS (SELECT key, s_raw, t_head "
                 f"FROM temp.ptr WHERE verdict IS NULL AND rowid BETWEEN ? AND ? "
@@ -999,23 +1061,7 @@ class _SourceMerge:
                 "SELECT up.k, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur",
                 (low, high),
             )
-            # Every message on each candidate's chain, up to the source's head
-            # (finding it is all the chain is asked for).
-            c.execute(
-                f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur, stop) AS (SELECT c.key, c.head, p.s_head "
-                f"FROM temp.cand c JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL "
-                f"AND p.rowid BETWEEN ? AND ? "
-                f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN main.messages m ON m.{mkey} = up.cur "
-                f"WHERE {not_root} AND up.cur IS NOT up.stop) SELECT k, cur FROM up",
-                (low, high),
-            )
         c.execute("CREATE INDEX temp.s_up_key ON s_up (key, dst)")
-        c.execute("CREATE INDEX temp.t_up_key ON t_up (key, cur)")
-        c.execute(
-            "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS "
-            "(SELECT 1 FROM temp.t_up u WHERE u.key = ptr.key AND u.cur = ptr.s_head)",
-            (KEEP,),
-        )
         c.execute(
             "UPDATE temp.ptr SET verdict = ?, (row, row_head) = (SELECT c.row, c.head FROM temp.cand c "
             "JOIN temp.s_up u ON u.key = c.key AND u.dst = c.head WHERE c.key = ptr.key "

@@ -11,6 +11,10 @@ questions decide how polite a write must be:
   process that has the file open can. If none has, the pause after each
   commit that lets a waiting llm in is time thrown away.
 
+And one alarm: ``OpenAlarm`` calls back, from its own thread, the moment
+another process opens the file, so that a long transaction taken while
+nobody else had it open can step aside at once (``db.long_transactions``).
+
 Both read what the kernel knows (Linux: ``/proc/locks``, ``/proc/<pid>/fd``,
 inotify). Where it cannot be read, the answers are the safe ones: nobody
 holds a lock (so it is simply tried, SQLite still refuses it when held), and
@@ -21,9 +25,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import struct
+import threading
+from collections.abc import Callable
 
-__all__ = ["holds_lock", "may_be_waiting"]
+__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting"]
 
 # SQLite's unix VFS locks these bytes of the database file with POSIX
 # advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
@@ -114,16 +121,8 @@ class _OpenWatch:
     def watch(self, path: str, key: tuple[int, int]) -> bool:
         try:
             if self.fd is None:
-                libc = ctypes.CDLL(None, use_errno=True)
-                self.add_watch = libc.inotify_add_watch
-                self.add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-                fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-                if fd < 0:
-                    raise OSError(ctypes.get_errno(), "inotify_init1")
-                self.fd = fd
-            wd = self.add_watch(self.fd, os.fsencode(path), _IN_OPEN)
-            if wd < 0:
-                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+                self.fd = _inotify_init()
+            wd = _inotify_watch(self.fd, path)
         except (OSError, AttributeError):
             # Not Linux, or out of inotify instances or watches: always polite.
             self.unavailable = self.fd is None
@@ -160,6 +159,85 @@ class _OpenWatch:
                         self.opened.discard(key)
                 elif mask & _IN_OPEN and wd in self.files:
                     self.opened.add(self.files[wd])
+
+
+def _inotify_init() -> int:
+    """A new non-blocking inotify descriptor. :raises OSError, AttributeError: none to be had."""
+    fd = ctypes.CDLL(None, use_errno=True).inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    return fd
+
+
+def _inotify_watch(fd: int, path: str) -> int:
+    """Watch ``path`` for opens on inotify descriptor ``fd``; the watch descriptor."""
+    add_watch = ctypes.CDLL(None, use_errno=True).inotify_add_watch
+    add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+    wd = add_watch(fd, os.fsencode(path), _IN_OPEN)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_add_watch")
+    return wd
+
+
+class OpenAlarm:
+    """Call ``on_open`` once, from a thread of its own, when a process opens ``path``.
+
+    Any process, this one included: an open is a reason to be polite, and a
+    false alarm costs only speed. ``OpenAlarm.start`` returns None where no
+    alarm can be had (not Linux, no inotify left); then nobody can be told in
+    time, and the caller must not take long transactions.
+    """
+
+    def __init__(self, fd: int, on_open: Callable[[], None]) -> None:
+        self.fd = fd
+        self.on_open = on_open
+        self.stop_read, self.stop_write = os.pipe()
+        self.thread = threading.Thread(target=self.wait, name="dagsync-open-alarm", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, path: str, on_open: Callable[[], None]) -> OpenAlarm | None:
+        try:
+            fd = _inotify_init()
+        except (OSError, AttributeError):
+            return None
+        try:
+            _inotify_watch(fd, path)
+        except (OSError, AttributeError):
+            os.close(fd)
+            return None
+        return cls(fd, on_open)
+
+    def wait(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self.stop_read, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self.stop_read in ready:
+                return
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                self.on_open()  # the watch failed: assume the worst
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                _, mask, _, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                if mask & (_IN_OPEN | _IN_Q_OVERFLOW):
+                    self.on_open()
+                    return
+                if mask & _IN_IGNORED:
+                    return  # the file is gone: nobody can open it any more
+
+    def close(self) -> None:
+        os.write(self.stop_write, b"x")
+        self.thread.join()
+        for fd in (self.fd, self.stop_read, self.stop_write):
+            os.close(fd)
 
 
 def _open_elsewhere(key: tuple[int, int]) -> bool:

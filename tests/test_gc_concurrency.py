@@ -310,10 +310,12 @@ def test_gc_in_a_loop_never_fails_a_live_writer_nor_loses_what_it_wrote(tmp_path
 # A merge into the same file is a writer too: it copies a source's messages,
 # parents first, a chunk per transaction, and only then the conversations and
 # calls that point at them. This one stops after its first transaction that
-# added messages, until told to go on.
+# added messages, until told to go on. It writes in short transactions from
+# the start, as a merge does once another process (this gc) opens the file.
 PAUSED_MERGE = r"""
 import contextlib, sys
 import dagsync.merge as m
+m.long_transactions = lambda conn: contextlib.nullcontext()
 inner = m.write_transaction
 count = lambda conn: next(iter(conn.execute("SELECT count(*) FROM main.messages")))[0]
 paused = False

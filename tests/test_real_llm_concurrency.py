@@ -59,17 +59,20 @@ def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
     def inside_a_merge() -> list[str]:
         return [p for p, began, ended in sent if any(began > start and ended < end for start, end in windows)]
 
-    for source in machines[1:]:
-        started = time.perf_counter()
-        report = merge(target, [source])
-        windows.append((started, time.perf_counter()))
-        assert report.sources[0].table("messages").added > 0
-        if len(inside_a_merge()) >= 3:
-            break
-    time.sleep(1.0)
-    done.set()
-    for prompter in prompters:
-        prompter.join()
+    try:
+        for source in machines[1:]:
+            started = time.perf_counter()
+            report = merge(target, [source])
+            windows.append((started, time.perf_counter()))
+            assert report.sources[0].table("messages").added > 0
+            if len(inside_a_merge()) >= 3:
+                break
+        time.sleep(1.0)
+    finally:
+        # Even when the merge failed: a prompter left running keeps the test run alive.
+        done.set()
+        for prompter in prompters:
+            prompter.join()
     assert failures == [], failures[0]
     merging = sum(end - start for start, end in windows)
     assert len(inside_a_merge()) >= 3, f"only {len(inside_a_merge())} prompts ran inside {merging:.1f}s of merging"

@@ -1,0 +1,247 @@
+"""db.long_transactions: one long write transaction while nobody else has the file
+open, given up the moment another process opens it (others.OpenAlarm)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import apsw
+import pytest
+
+from dagsync import db as dbmod
+from dagsync import others
+from dagsync.db import OpenedMeanwhile, long_transactions, write_transaction
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+
+# An llm-style writer: a 5 s busy timeout, deferred transaction, no retry.
+# Prints "ok" when its row is in, or the error that stopped it.
+WRITER = r"""
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
+try:
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO t VALUES ('writer')")
+    conn.execute("COMMIT")
+    print("ok", flush=True)
+except sqlite3.Error as exc:
+    print(f"failed: {exc}", flush=True)
+"""
+
+# Counting this far takes SQLite minutes: a statement that only an interrupt ends soon.
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT count(*) FROM c"
+
+
+@pytest.fixture
+def conn(tmp_path):
+    path = tmp_path / "x.db"
+    conn = apsw.Connection(str(path))
+    conn.execute("CREATE TABLE t (x)")
+    yield conn
+    conn.close()
+
+
+def rows(path: str) -> list:
+    check = apsw.Connection(f"file:{path}?mode=ro", flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    try:
+        return [x for (x,) in check.execute("SELECT x FROM t ORDER BY rowid")]
+    finally:
+        check.close()
+
+
+def open_elsewhere(path: str) -> None:
+    subprocess.run([sys.executable, "-c", f"open({path!r}, 'rb').close()"], check=True)
+
+
+def test_an_open_alarm_rings_when_another_process_opens_the_file(conn):
+    rang = threading.Event()
+    alarm = others.OpenAlarm.start(conn.filename, rang.set)
+    assert alarm is not None
+    try:
+        assert not rang.is_set()
+        open_elsewhere(conn.filename)
+        assert rang.wait(30)
+    finally:
+        alarm.close()
+
+
+def test_steps_share_one_transaction_while_nobody_else_has_the_file_open(conn):
+    with long_transactions(conn):
+        for i in range(3):
+            with write_transaction(conn):
+                conn.execute("INSERT INTO t VALUES (?)", (i,))
+            assert conn.in_transaction  # the step did not commit
+    assert not conn.in_transaction
+    assert rows(conn.filename) == [0, 1, 2]
+
+
+def test_a_long_transaction_commits_every_so_often(conn, monkeypatch):
+    monkeypatch.setattr(dbmod, "LONG_COMMIT_SECONDS", 0.0)
+    with long_transactions(conn):
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (1)")
+        assert not conn.in_transaction
+
+
+def test_a_file_someone_else_has_open_gets_short_transactions(conn):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; f = open({conn.filename!r}, 'rb'); print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        with long_transactions(conn):
+            with write_transaction(conn):
+                conn.execute("INSERT INTO t VALUES (1)")
+            assert not conn.in_transaction
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_open_between_statements_commits_at_the_step_end_and_the_rest_is_polite(conn):
+    with long_transactions(conn):
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (1)")
+        open_elsewhere(conn.filename)
+        assert dbmod._LONG[id(conn)].interrupted.wait(30)
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (2)")
+        # That step's end let the newcomer in.
+        assert not conn.in_transaction
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (3)")
+        assert not conn.in_transaction
+    assert rows(conn.filename) == [1, 2, 3]
+
+
+def test_a_writer_that_opens_the_file_mid_statement_gets_in_and_the_transaction_is_rolled_back(conn):
+    writer = None
+    try:
+        with pytest.raises(OpenedMeanwhile, match="another process opened"):
+            with long_transactions(conn):
+                with write_transaction(conn):
+                    conn.execute("INSERT INTO t VALUES ('first step')")
+                with write_transaction(conn):
+                    conn.execute("INSERT INTO t VALUES ('second step')")
+                    writer = subprocess.Popen(
+                        [sys.executable, "-c", WRITER, conn.filename], stdout=subprocess.PIPE, text=True
+                    )
+                    # Holds the write lock for minutes unless interrupted.
+                    conn.execute(ENDLESS).fetchall()
+    finally:
+        # Only once the lock is let go (or the writer has given up).
+        outcome = writer.communicate(timeout=60)[0].strip() if writer else None
+    assert outcome == "ok"
+    assert not conn.in_transaction
+    # Both steps of the long transaction were rolled back; the writer's row is in.
+    assert rows(conn.filename) == ["writer"]
+
+
+def test_nested_write_transactions_are_one_step(conn, monkeypatch):
+    monkeypatch.setattr(dbmod, "LONG_COMMIT_SECONDS", 0.0)
+    with long_transactions(conn):
+        with write_transaction(conn):
+            with write_transaction(conn):
+                conn.execute("INSERT INTO t VALUES (1)")
+            assert conn.in_transaction  # the inner block is not a step's end
+            conn.execute("INSERT INTO t VALUES (2)")
+        assert not conn.in_transaction
+    assert rows(conn.filename) == [1, 2]
+
+
+def test_an_error_in_a_step_rolls_the_long_transaction_back(conn):
+    with pytest.raises(RuntimeError, match="a step failed"):
+        with long_transactions(conn):
+            with write_transaction(conn):
+                conn.execute("INSERT INTO t VALUES (1)")
+            with write_transaction(conn):
+                conn.execute("INSERT INTO t VALUES (2)")
+                raise RuntimeError("a step failed")
+    assert not conn.in_transaction
+    assert rows(conn.filename) == []
+
+
+def test_the_alarm_thread_is_gone_after_the_block(conn):
+    before = {t.name for t in threading.enumerate()}
+    with long_transactions(conn):
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (1)")
+    assert "dagsync-open-alarm" not in {t.name for t in threading.enumerate()} - before
+    assert Path(conn.filename).exists()
+
+
+# -- a merge, when a writer arrives in the middle of its long transaction ------------
+
+MERGE_WRITER = r"""
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
+try:
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO conversations (id, name, model) VALUES ('from-the-writer', 'live', 'echo')")
+    conn.execute("COMMIT")
+    print("ok", flush=True)
+except sqlite3.Error as exc:
+    print(f"failed: {exc}", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    from fixtures import family
+
+    return [r.path for r in family(tmp_path_factory.mktemp("fam"), seed=67, machines=2, conversations=300)]
+
+
+def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
+    """Merge machines[1] into a copy of machines[0]; once the long transaction has
+    copied some messages, an llm-style writer opens the target - while a statement
+    runs, or between two. Returns (the writer's outcome, plans made)."""
+    import shutil
+
+    import dagsync.merge as m
+
+    target = tmp_path / "target.db"
+    shutil.copyfile(machines[0], target)
+    plans, writers = [], []
+    inner = m._SourceMerge.apply_keyed
+
+    def apply_keyed(self, table, written):
+        # Messages are in by now, inside the long transaction.
+        if not writers and dbmod._LONG:
+            writers.append(
+                subprocess.Popen([sys.executable, "-c", MERGE_WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+            )
+            if mid_statement:
+                self.conn.execute(ENDLESS).fetchall()  # interrupted, or this test never ends
+            else:
+                assert next(iter(dbmod._LONG.values())).interrupted.wait(30)
+        return inner(self, table, written)
+
+    monkeypatch.setattr(m._SourceMerge, "apply_keyed", apply_keyed)
+    m.merge(target, [machines[1]], progress=lambda phase, done, total: plans.append(phase) if phase == "planned" else None)
+    assert writers, "the merge never wrote in a long transaction"
+    outcome = writers[0].communicate(timeout=60)[0].strip()
+    return target, outcome, len(plans)
+
+
+@pytest.mark.parametrize("mid_statement", [True, False], ids=["mid-statement", "between-statements"])
+def test_a_writer_that_opens_the_target_during_a_long_transaction_gets_in_and_nothing_is_lost(
+    tmp_path, machines, monkeypatch, mid_statement
+):
+    from dagsync.merge import merge
+    from tests.history import contains, integrity, logical, union_of
+
+    target, outcome, plans = merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement)
+    assert outcome == "ok"
+    # Interrupted mid-statement, the transaction was rolled back and the merge planned again.
+    assert plans == (2 if mid_statement else 1)
+    assert integrity(target) == []
+    assert contains(logical(target), union_of(logical(machines[0]), logical(machines[1]))) == []
+    assert "from-the-writer" in {row[0] for row in apsw.Connection(str(target)).execute("SELECT id FROM conversations")}
+    # And it is all there: merging again writes nothing.
+    assert merge(target, [machines[1]]).sources[0].written == 0
