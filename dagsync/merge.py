@@ -553,15 +553,16 @@ class _SourceMerge:
         # The first round starts from what is left unsettled (in a re-merge,
         # nothing), not from everything settled so far; later rounds from the
         # round before.
+        # In key order, so the lookups walk msg_map's key in order too.
         c.execute(
             "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
-            "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id)"
+            "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
         )
+        in_order = settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
         # Children are looked up by parent only below what is settled (in a
-        # re-merge, nothing is left).
-        if self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
+        # re-merge, nothing is left), and only by the rounds.
+        if not settled and self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
             c.execute("CREATE INDEX temp.unsettled_parent ON unsettled (parent_id)")
-        settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
         if settled:
             # Keyed by identity: what the target lacks is new, as itself, and
             # the source's order already puts parents first. No rounds needed
@@ -650,18 +651,23 @@ class _SourceMerge:
         # any file written a message at a time (and it is the order of the
         # ids, so inserts land near each other in every index); where it is
         # not, depth order is.
-        backwards = self.one(
-            "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
-            "JOIN temp.msg_map p ON p.src = cs.parent_id JOIN temp.src_msg ps ON ps.id = cs.parent_id "
-            "WHERE c.kind = ? AND p.kind = ? AND ps.rid > cs.rid",
-            (NEW, NEW),
-        )
-        order = "s.rid" if not backwards else "m.depth, m.src"
-        c.execute(
-            "INSERT INTO temp.msg_new (src, parent) SELECT m.src, m.parent FROM temp.msg_map m "
-            f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
-            (NEW,),
-        )
+        if in_order:
+            # Every unsettled message is new, and all_new_in_order found each
+            # one's parent settled or earlier in the source.
+            c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
+        else:
+            backwards = self.one(
+                "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
+                "JOIN temp.msg_map p ON p.src = cs.parent_id JOIN temp.src_msg ps ON ps.id = cs.parent_id "
+                "WHERE c.kind = ? AND p.kind = ? AND ps.rid > cs.rid",
+                (NEW, NEW),
+            )
+            order = "s.rid" if not backwards else "m.depth, m.src"
+            c.execute(
+                "INSERT INTO temp.msg_new (src, parent) SELECT m.src, m.parent FROM temp.msg_map m "
+                f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
+                (NEW,),
+            )
         # "Is this message new?" is asked of every part and reference.
         c.execute("CREATE UNIQUE INDEX temp.msg_new_src ON msg_new (src)")
         counts = self.counts[table.name]
@@ -721,11 +727,12 @@ class _SourceMerge:
         """Every unsettled message's parent is settled or unsettled-and-earlier in
         the source: no dangling parent, no cycle, and source order is parents first."""
         c = self.conn
-        c.execute("CREATE INDEX temp.unsettled_id ON unsettled (id)")
+        c.execute("CREATE INDEX temp.unsettled_id ON unsettled (id, rid)")  # covering: no row fetched
+        # The earlier-unsettled parent first: it is most messages' (new chains).
         out_of_order = self.one(
             "SELECT count(*) FROM temp.unsettled u WHERE u.parent_id != ? "
-            "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.parent_id) "
-            "AND NOT EXISTS (SELECT 1 FROM temp.unsettled p WHERE p.id = u.parent_id AND p.rid < u.rid)",
+            "AND NOT EXISTS (SELECT 1 FROM temp.unsettled p WHERE p.id = u.parent_id AND p.rid < u.rid) "
+            "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.parent_id)",
             (TOP,),
         )
         return out_of_order == 0
@@ -766,7 +773,10 @@ class _SourceMerge:
         name = table.name
         nk = self.natural_key(table)
         keys = _quoted(nk)
-        c.execute(f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL)')
+        # "bad": a new row with a reference that resolves nowhere (where counted, see check_dangling).
+        c.execute(
+            f'CREATE TEMP TABLE "map_{name}" (src INTEGER PRIMARY KEY, dst INTEGER, new INTEGER NOT NULL, bad INTEGER)'
+        )
         if self.unique_in_target(name, nk):
             self.plan_integer_unique(table, nk)
             return
@@ -832,21 +842,23 @@ class _SourceMerge:
         # In natural-key order, so the lookups walk the target's unique index
         # in order; chunks of equal first-key values stay together.
         first = nk[0]
+        # The same pass marks new rows whose references resolve nowhere.
+        dangles = " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
+        insert = (
+            f'INSERT INTO temp."map_{name}" (src, dst, new, bad) SELECT id, coalesce(m, ? - 1 - id), m IS NULL, '
+            f"CASE WHEN m IS NULL THEN bad END FROM (SELECT s.id, {found} AS m, ({dangles}) AS bad "
+            f'FROM src."{name}" s WHERE s.id <= ? AND '
+        )
         for low, high in self.chunks(f'src."{name}"', f'"{first}"'):
             # Placeholders -1, -2, ... for new rows, below every real id.
             self.conn.execute(
-                f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT id, coalesce(m, ? - 1 - id), m IS NULL '
-                f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s."{first}" BETWEEN ? AND ? '
-                f'AND s.id <= ? ORDER BY s."{first}")',
-                (low_id, low, high, self.bounds.get(name, 0)),
+                insert + f's."{first}" BETWEEN ? AND ? ORDER BY s."{first}")',
+                (low_id, self.bounds.get(name, 0), low, high),
             )
         # A NULL first key is in no range above.
-        self.conn.execute(
-            f'INSERT INTO temp."map_{name}" (src, dst, new) SELECT id, coalesce(m, ? - 1 - id), m IS NULL '
-            f'FROM (SELECT s.id, {found} AS m FROM src."{name}" s WHERE s."{first}" IS NULL AND s.id <= ?)',
-            (low_id, self.bounds.get(name, 0)),
-        )
+        self.conn.execute(insert + f's."{first}" IS NULL)', (low_id, self.bounds.get(name, 0)))
         self.count_integer(name)
+        self.dangling_counted[name] = self.one(f'SELECT count(*) FROM temp."map_{name}" WHERE bad')
 
     def plan_keyed(self, table: Table) -> None:
         """Text and composite keys: rows whose key is new are added; the rest are compared."""
@@ -858,7 +870,7 @@ class _SourceMerge:
         if table.key is not Key.TEXT:
             compare = ()  # a composite row is all key
         match = self.key_match(table)
-        differs = " OR ".join(f't."{c}" IS NOT {self.expr(table, c)}' for c in compare) or "0"
+        differs = " OR ".join(self.differs(table, c) for c in compare) or "0"
         # The same pass counts new rows with a reference that resolves nowhere
         # (see check_dangling, which names one only if there are any).
         dangles = " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
@@ -882,6 +894,16 @@ class _SourceMerge:
         counts = self.counts[name]
         counts.added, counts.existing = added, existing
         self.dangling_counted[name] = dangling
+
+    def differs(self, table: Table, column: str) -> str:
+        """SQL true when target row ``t`` holds another ``column`` than source row ``s``."""
+        value = self.expr(table, column)
+        raw = f's."{column}"'
+        if value == raw:
+            return f't."{column}" IS NOT {raw}'
+        # A reference: most keep their key (the row they point at is the same
+        # in both files), so the map is only asked when the raw values differ.
+        return f'CASE WHEN t."{column}" IS {raw} THEN 0 ELSE t."{column}" IS NOT {value} END'
 
     def key_match(self, table: Table, target_alias: str = "t") -> str:
         """SQL true when the target row ``target_alias`` has the source row's key."""

@@ -223,6 +223,16 @@ class TestSourcesAreReadOnlyAndUntrusted:
             "nothing was merged - run `dagsync verify` on the source"
         )
 
+    def test_a_reference_neither_file_has(self, target, hostile):
+        # Counted in the pass that compares the rows (plan_keyed), then named.
+        with sqlite3.connect(hostile) as conn:
+            conn.execute("UPDATE responses SET conversation_id = 'nowhere' WHERE rowid = (SELECT max(rowid) FROM responses)")
+        message = self.refused(target, hostile, DamagedSource)
+        assert message == (
+            f"{hostile}: responses.conversation_id refers to conversations 'nowhere', which neither file has; "
+            "nothing was merged - run `dagsync verify` on the source"
+        )
+
     def test_an_id_conflict_lists_the_keys(self, target, hostile, laptops):
         with sqlite3.connect(hostile) as conn:
             (call_id,) = conn.execute("SELECT id FROM calls ORDER BY id LIMIT 1").fetchone()
@@ -241,6 +251,24 @@ class TestSourcesAreReadOnlyAndUntrusted:
         )
         assert f"calls {call_id} differs between the two files" in info.value.conflicts
         assert any(c.startswith(f"message {mid} is (parent ") for c in info.value.conflicts)
+
+    def test_a_call_pointing_at_another_message_is_a_conflict(self, target, hostile):
+        # A reference column whose raw value differs is compared through the message map.
+        with sqlite3.connect(target) as conn:
+            ours = {cid for (cid,) in conn.execute("SELECT id FROM calls")}
+        with sqlite3.connect(hostile) as conn:
+            call_id, head = next(
+                (cid, head)
+                for cid, head in conn.execute("SELECT id, head_input_message_id FROM calls ORDER BY id")
+                if cid in ours and head is not None
+            )
+            (other,) = conn.execute(
+                "SELECT id FROM messages WHERE id NOT IN ('root', ?) ORDER BY id LIMIT 1", (head,)
+            ).fetchone()
+            conn.execute("UPDATE calls SET head_input_message_id = ? WHERE id = ?", (other, call_id))
+        with pytest.raises(MergeConflict) as info:
+            merge(target, [hostile])
+        assert info.value.conflicts == [f"calls {call_id} differs between the two files"]
 
     def test_a_new_messages_part_whose_id_the_target_has(self, target, hostile):
         with sqlite3.connect(target) as conn:

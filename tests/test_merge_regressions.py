@@ -235,6 +235,21 @@ class TestLlmFormatDamage:
         with pytest.raises(DamagedSource, match="a cycle in the parent links"):
             merge(tmp_path / "t.db", [src])
 
+    def test_a_part_of_a_message_the_source_does_not_have(self, tmp_path):
+        # Counted in the pass that maps the parts (plan_integer_unique), then named.
+        src = self.llm_file(tmp_path / "s.db", [("b2:a", None)])
+        with sqlite3.connect(src) as conn:
+            conn.execute("INSERT INTO parts (id, message_hash, position, type, text) VALUES (1, 'b2:a', 0, 'text', 'hi')")
+            conn.execute("INSERT INTO parts (id, message_hash, position, type, text) VALUES (2, 'b2:gone', 0, 'text', 'x')")
+        target = tmp_path / "t.db"
+        with pytest.raises(DamagedSource) as info:
+            merge(target, [src])
+        assert str(info.value) == (
+            f"{src}: parts.message_hash refers to messages 'b2:gone', which s.db does not have; "
+            "nothing was merged - run `dagsync verify` on the source"
+        )
+        assert not target.exists()
+
     def test_children_stored_before_their_parents(self, tmp_path):
         src = self.llm_file(tmp_path / "s.db", [("b2:child", "b2:parent"), ("b2:parent", None)])
         merge(tmp_path / "t.db", [src])
