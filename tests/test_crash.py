@@ -16,14 +16,22 @@ from tests.history import integrity, logical
 from tests.processes import kill_after
 
 # Tiny transactions, so there are many commit points; a line per progress
-# event, so the test can kill it part-way through, wherever it is.
+# event, so the test can kill it part-way through, wherever it is. Either
+# short transactions (as when another process has the target open) or
+# steps of one long transaction (nobody else has it), committed very often.
 MERGE = """
-import sys
+import contextlib, sys
+import dagsync.db as db
 import dagsync.merge as m
 m.TARGET_SECONDS = m.ALONE_TARGET_SECONDS = 0.002
 m.FIRST_CHUNK = 50
-m.merge(sys.argv[1], sys.argv[2:], progress=lambda *a: print(*a, flush=True))
+if sys.argv[1] == "short":
+    m.long_transactions = lambda conn: contextlib.nullcontext()
+else:
+    db.LONG_COMMIT_SECONDS = 0.005
+m.merge(sys.argv[2], sys.argv[3:], progress=lambda *a: print(*a, flush=True))
 """
+MODES = ("short", "long")
 
 
 @pytest.fixture(scope="module")
@@ -40,23 +48,29 @@ def expected(tmp_path_factory, machines) -> dict:
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory, machines) -> int:
-    """How many progress events an uninterrupted run prints (chunk sizes adapt to the machine)."""
-    target = tmp_path_factory.mktemp("count") / "target.db"
-    shutil.copyfile(machines[0], target)
-    run = subprocess.run(
-        [sys.executable, "-c", MERGE, str(target), str(machines[1])], capture_output=True, text=True, check=True
-    )
-    return len(run.stdout.splitlines())
+def events(tmp_path_factory, machines) -> dict[str, int]:
+    """How many progress events an uninterrupted run prints, by mode (chunk sizes adapt to the machine)."""
+    counts = {}
+    for mode in MODES:
+        target = tmp_path_factory.mktemp("count") / "target.db"
+        shutil.copyfile(machines[0], target)
+        run = subprocess.run(
+            [sys.executable, "-c", MERGE, mode, str(target), str(machines[1])], capture_output=True, text=True, check=True
+        )
+        counts[mode] = len(run.stdout.splitlines())
+    return counts
 
 
-def run_and_kill(target: Path, sources: list[Path], events: int) -> bool:
+def run_and_kill(target: Path, sources: list[Path], events: int, mode: str = "short") -> bool:
     """Start a merge, kill -9 it after ``events`` progress events; True if it was still running."""
-    return kill_after(MERGE, [str(target), *map(str, sources)], events)[0]
+    return kill_after(MERGE, [mode, str(target), *map(str, sources)], events)[0]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_killed_merge_leaves_a_consistent_target_that_a_rerun_completes(tmp_path, machines, expected, events, seed):
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_killed_merge_leaves_a_consistent_target_that_a_rerun_completes(
+    tmp_path, machines, expected, events, seed, mode
+):
     target = tmp_path / "target.db"
     shutil.copyfile(machines[0], target)
     rng = random.Random(seed)
@@ -64,7 +78,7 @@ def test_a_killed_merge_leaves_a_consistent_target_that_a_rerun_completes(tmp_pa
     # Kill it a few times at random moments, within a whole run's events (the
     # first kill lands inside a running merge); every state must be consistent.
     for _ in range(3):
-        killed += run_and_kill(target, [machines[1]], rng.randint(1, events - 1))
+        killed += run_and_kill(target, [machines[1]], rng.randint(1, events[mode] - 1), mode)
         assert integrity(target) == []
     assert killed, "no kill interrupted a running merge: the test proved nothing"
     merge(target, [machines[1]])
