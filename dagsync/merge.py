@@ -295,6 +295,7 @@ class _SourceMerge:
         self.new_id = UlidFactory()
         self.attached = False
         self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
+        self.moved = 0  # source messages mapped onto another row (plan_messages)
         # New rows whose references resolve nowhere, by table, where a plan counted them.
         self.dangling_counted: dict[str, int] = {}
 
@@ -364,10 +365,16 @@ class _SourceMerge:
             # The snapshot bound is on the rowid, whatever column the chunks follow.
             bound = f" AND rowid <= {int(self.bounds[source_table])}"
         low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE 1{bound}")
-        total = self.one(f"SELECT count(*) FROM {schema_table} WHERE 1{bound}") if phase else 0
+        arithmetic = isinstance(low, int) and (not bound or column in ("rowid", "id"))
+        total = 0
+        if phase and arithmetic:
+            # Progress in key ranges: counting rows would read the whole table.
+            total = self.one(f"SELECT max({column}) FROM {schema_table} WHERE 1{bound}") - low + 1
+        elif phase:
+            total = self.one(f"SELECT count(*) FROM {schema_table} WHERE 1{bound}")
         done = 0
         while low is not None:
-            if isinstance(low, int) and (not bound or column in ("rowid", "id")):
+            if arithmetic:
                 # Integer keys are dense in practice: a range of the pacer's
                 # size needs no scan to find its end (gaps only make it lighter).
                 # A source's bound is on the rowid, which "id" is in an
@@ -391,7 +398,10 @@ class _SourceMerge:
                 pacer.largest = ALONE_MAX_WRITE_CHUNK if alone else MAX_WRITE_CHUNK
             pacer.timed(time.perf_counter() - started)
             if phase:
-                done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
+                if arithmetic:
+                    done = min(total, done + high - low + 1)
+                else:
+                    done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
                 self.progress(phase, done, total)
             low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE {column} > ?{bound}", (high,))
 
@@ -406,7 +416,12 @@ class _SourceMerge:
         if ref is not None and ref != table.name:
             ref_table = self.fmt.table(ref)
             if ref_table.key in MESSAGE_KEYS:
-                return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
+                # Only messages mapped onto another row move; most keep their
+                # id (check_dangling checks that the source has them).
+                raw = f'{alias}."{column}"'
+                if not self.moved:
+                    return raw
+                return f"coalesce((SELECT dst FROM temp.msg_moved WHERE src = {raw}), {raw})"
             if ref_table.key is Key.INTEGER:
                 return f'(SELECT dst FROM temp."map_{ref}" WHERE src = {alias}."{column}")'
         value = self.payload(table, column, alias)
@@ -418,6 +433,12 @@ class _SourceMerge:
                     f"THEN {self.json_function(json_ref)}({value}) ELSE {value} END"
                 )
         return value
+
+    @staticmethod
+    def message_ref(column: str, alias: str = "s") -> str:
+        """SQL for the target's id of the message a source row's ``column`` names;
+        NULL when the source does not have that message."""
+        return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
 
     def payload(self, table: Table, column: str, alias: str = "s") -> str:
         """SQL for a source column as llm wrote it: a packed source's blob references
@@ -668,6 +689,10 @@ class _SourceMerge:
                 f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
                 (NEW,),
             )
+        # Where a reference to a message goes: elsewhere only if it was mapped.
+        c.execute("CREATE TEMP TABLE msg_moved (src TEXT PRIMARY KEY, dst TEXT NOT NULL) WITHOUT ROWID")
+        c.execute("INSERT INTO temp.msg_moved SELECT src, dst FROM temp.msg_map WHERE kind = ? ORDER BY src", (MAPPED,))
+        self.moved = self.changes()
         # "Is this message new?" is asked of every part and reference.
         c.execute("CREATE UNIQUE INDEX temp.msg_new_src ON msg_new (src)")
         counts = self.counts[table.name]
@@ -943,7 +968,7 @@ class _SourceMerge:
                 continue  # the rows checked are those of new owners: this resolves
             if ref_table.key in MESSAGE_KEYS or ref_table.key is Key.INTEGER:
                 # Mapped from the source's own rows: the source must have the row.
-                fails = f"{self.expr(table, column)} IS NULL"
+                fails = f"{self.message_ref(column) if ref_table.key in MESSAGE_KEYS else self.expr(table, column)} IS NULL"
                 why = f"which {self.source.name} does not have"
             else:
                 ref_key = ref_table.natural_key[0]
@@ -1018,7 +1043,7 @@ class _SourceMerge:
         c = self.conn
         name, pointer = table.name, table.pointer
         key = table.natural_key[0]
-        head = self.expr(table, pointer)
+        head = self.message_ref(pointer)  # NULL for a head the source does not have: ignored
         c.execute(
             "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, "
             "verdict INTEGER, row TEXT, row_head TEXT)"
