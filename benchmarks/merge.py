@@ -173,10 +173,12 @@ def ensure_family(data: Path, conversations: int, seed: int) -> tuple[Path, Path
 # -- children: one measurement each ---------------------------------------------------
 
 
-def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
+def child_floor(target: str, source: str, cache_mib: int | None, keep_rows: bool = False) -> dict:
+    """The floor; with ``keep_rows``, the floor that keeps every row (see KEEPING_FLOOR)."""
     import apsw
 
     from dagsync.db import open_source
+    from dagsync.formats import Key
 
     with open_source(source) as checked:  # only to learn the format's tables
         fmt = checked.format
@@ -192,7 +194,14 @@ def child_floor(target: str, source: str, cache_mib: int | None) -> dict:
     for table in fmt.merge_order:
         if table.name not in present:
             continue
-        conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM src."{table.name}"')
+        if keep_rows and table.key is Key.INTEGER:
+            # New ids from SQLite; a row is dropped only by a unique natural key.
+            columns = ", ".join(f'"{c}"' for c in fmt.columns[table.name] if c != "id")
+            conn.execute(
+                f'INSERT OR IGNORE INTO main."{table.name}" ({columns}) SELECT {columns} FROM src."{table.name}"'
+            )
+        else:
+            conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM src."{table.name}"')
         inserted[table.name] = conn.changes()
     conn.execute("COMMIT")
     seconds = time.perf_counter() - started
@@ -368,7 +377,7 @@ def run_child(kind: str, target: Path, source: Path, statements: bool = False, c
 
 def bench_scale(
     data: Path, conversations: int, seed: int, keep: bool, statements: bool, floor_cache_mib: int | None,
-    repeat: int = 1,
+    repeat: int = 1, keeping_floor: bool = False,
 ) -> dict:  # fmt: skip
     laptop1, laptop2, meta = ensure_family(data, conversations, seed)
     work = data / "work"
@@ -376,25 +385,29 @@ def bench_scale(
     # The format is in the names, so merge.py and merge_llm.py can run side by side.
     floor_db = work / f"floor-{FORMAT}-n{conversations}.db"
     merge_db = work / f"merge-{FORMAT}-n{conversations}.db"
+    keeping_db = work / f"keeping-floor-{FORMAT}-n{conversations}.db" if keeping_floor else None
     for db in (laptop1, laptop2):
         warm(db)
 
     try:
         return measure(
-            laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib, repeat
-        )
+            laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib, repeat,
+            keeping_db,
+        )  # fmt: skip
     finally:
         if not keep:
-            for db in (floor_db, merge_db):
+            for db in (floor_db, merge_db, keeping_db):
+                if db is None:
+                    continue
                 for suffix in ("", "-journal", "-wal", "-shm"):
                     Path(f"{db}{suffix}").unlink(missing_ok=True)
 
 
 def measure(
     laptop1: Path, laptop2: Path, floor_db: Path, merge_db: Path, meta: dict, conversations: int, seed: int,
-    statements: bool, floor_cache_mib: int | None, repeat: int,
+    statements: bool, floor_cache_mib: int | None, repeat: int, keeping_db: Path | None = None,
 ) -> dict:  # fmt: skip
-    """``repeat`` rounds of floor, merge, re-merge, one after another.
+    """``repeat`` rounds of floor, (keeping floor,) merge, re-merge, one after another.
 
     Each ratio is taken within a round (the floor and the merge measured
     seconds apart, under the same machine weather), and the figures reported
@@ -402,12 +415,20 @@ def measure(
     """
     version = dagsync_version()
     rounds = []
+    keepings: list[dict | None] = []
     for n in range(1, repeat + 1):
         label = f"[round {n}/{repeat}] " if repeat > 1 else ""
         log(f"{label}floor: copy, then ATTACH + INSERT OR IGNORE ... SELECT * per table in one transaction")
         fresh_copy(laptop1, floor_db)
         floor = run_child("floor", floor_db, laptop2, cache_mib=floor_cache_mib)
         log(f"  {floor['seconds']:.2f}s")
+
+        keeping = None
+        if keeping_db:
+            log(f"{label}keeping floor: the floor, but integer-keyed rows get new ids instead of being dropped")
+            fresh_copy(laptop1, keeping_db)
+            keeping = run_child("keeping-floor", keeping_db, laptop2, cache_mib=floor_cache_mib)
+            log(f"  {keeping['seconds']:.2f}s ({keeping['seconds'] / floor['seconds']:.2f}x the floor)")
 
         log(f"{label}merge: copy, then dagsync.merge.merge(copy, [{laptop2.name}])")
         fresh_copy(laptop1, merge_db)
@@ -422,6 +443,7 @@ def measure(
             f"peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows"
         )
         rounds.append((floor, merged, remerged))
+        keepings.append(keeping)
 
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
@@ -453,6 +475,13 @@ def measure(
         "remerge": remerges[-1],
         "rows_after": {"floor": sum(table_rows(floor_db).values()), "merge": sum(table_rows(merge_db).values())},
     }
+    if keeping_db:
+        pairs = list(zip(rounds, keepings, strict=True))
+        result["keeping_floor_seconds"] = median([k["seconds"] for _, k in pairs])
+        result["keeping_floor_ratio"] = round(median([k["seconds"] / f["seconds"] for (f, _, _), k in pairs]), 2)
+        result["merge_ratio_keeping"] = round(median([m["seconds"] / k["seconds"] for (_, m, _), k in pairs]), 2)
+        result["remerge_ratio_keeping"] = round(median([r["seconds"] / k["seconds"] for (_, _, r), k in pairs]), 2)
+        result["rows_after"]["keeping_floor"] = sum(table_rows(keeping_db).values())
     return result
 
 
@@ -487,7 +516,17 @@ def print_scale(r: dict, out=sys.stdout) -> None:
         f"{r['remerge_peak_rss_mb']:>12.1f}   time {mark(r['remerge_ratio'] <= GOAL_REMERGE)}, "
         f"memory {mark(r['remerge_peak_rss_mb'] <= GOAL_RSS_MB)}; wrote {r['remerge_written']} rows"
     )
-    say(f"  rows after: floor {r['rows_after']['floor']:,}, merge {r['rows_after']['merge']:,}")
+    if "keeping_floor_seconds" in r:
+        say(
+            f"  {'keeping floor':<10} {r['keeping_floor_seconds']:>6.2f} {r['keeping_floor_ratio']:>8.2f}"
+            f"   (the floor, but integer-keyed rows get new ids instead of being dropped)"
+        )
+        say(
+            f"  against the keeping floor: merge {r['merge_ratio_keeping']:.2f}x, "
+            f"re-merge {r['remerge_ratio_keeping']:.2f}x"
+        )
+    rows = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in r["rows_after"].items())
+    say(f"  rows after: {rows}")
     say("\n  merge report (added / mapped / existing / updated / forked):")
     for name, t in r["merge"]["tables"].items():
         if any(t.values()):
@@ -537,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         "--floor-cache-mib", type=int,
         help="give the floor's connection this page cache (dagsync's target uses its own; default: SQLite's 2 MiB)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keeping-floor", action=argparse.BooleanOptionalAction, default=None,
+        help="also time the floor that keeps every row: integer-keyed rows get new ids instead of being "
+        "dropped (default: on for --format llm, whose floor drops them)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -544,8 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     FORMAT = args.format
     if args.child:  # internal: one measurement, `--child floor|merge TARGET SOURCE`
         kind, target, source = args.child
-        if kind == "floor":
-            out = child_floor(target, source, args.floor_cache_mib)
+        if kind in ("floor", "keeping-floor"):
+            out = child_floor(target, source, args.floor_cache_mib, keep_rows=kind == "keeping-floor")
         else:
             out = child_merge(target, source, args.statements)
         json.dump(out, sys.stdout)
@@ -560,8 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     results = [
         bench_scale(
-            args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib, 1 if args.quick else args.repeat
-        )
+            args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib, 1 if args.quick else args.repeat,
+            args.keeping_floor if args.keeping_floor is not None else FORMAT == "llm",
+        )  # fmt: skip
         for n in scales
     ]
     if args.json:
