@@ -583,7 +583,7 @@ class _SourceMerge:
         # Children are looked up by parent only below what is settled (in a
         # re-merge, nothing is left), and only by the rounds.
         if not settled and self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
-            c.execute("CREATE INDEX temp.unsettled_parent ON unsettled (parent_id)")
+            c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
         if settled:
             # Keyed by identity: what the target lacks is new, as itself, and
             # the source's order already puts parents first. No rounds needed
@@ -601,7 +601,7 @@ class _SourceMerge:
                 )
             else:
                 c.execute(
-                    "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.unsettled s "
+                    "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
                     "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
                     "(SELECT src FROM temp.msg_map)",
                     (depth,),
@@ -720,10 +720,10 @@ class _SourceMerge:
         c.execute(
             "CREATE TEMP TABLE below_new AS WITH RECURSIVE d(src, parent, hash, depth) AS ("
             "  SELECT s.id, s.parent_id, s.hash, m.depth + 1 FROM temp.msg_map m "
-            "  JOIN temp.unsettled s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
+            "  JOIN temp.src_msg s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
             "  AND NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id) "
             "  UNION ALL "
-            "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.unsettled s ON s.parent_id = d.src "
+            "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.src_msg s ON s.parent_id = d.src "
             "  WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id)"
             ") SELECT src, parent, hash, depth FROM d",
             (depth, NEW),
