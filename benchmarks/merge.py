@@ -459,7 +459,8 @@ def measure(
         "rounds": [
             {"floor_seconds": round(f["seconds"], 3), "merge_seconds": round(m["seconds"], 3),
              "remerge_seconds": round(r["seconds"], 3)}
-            for f, m, r in rounds
+            | ({"keeping_floor_seconds": round(k["seconds"], 3)} if k else {})
+            for (f, m, r), k in zip(rounds, keepings, strict=True)
         ],  # fmt: skip
         "floor_seconds": median([f["seconds"] for f in floors]),
         "floor_peak_rss_mb": max(f["peak_rss_mb"] for f in floors),
