@@ -18,18 +18,23 @@ from dagsync.db import OpenedMeanwhile, long_transactions, write_transaction
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
 
 # An llm-style writer: a 5 s busy timeout, deferred transaction, no retry.
-# Prints "ok" when its row is in, or the error that stopped it.
+# Runs the INSERT it is given; prints "ok" when its row is in, or the error
+# that stopped it.
 WRITER = r"""
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
 try:
     conn.execute("BEGIN")
-    conn.execute("INSERT INTO t VALUES ('writer')")
+    conn.execute(sys.argv[2])
     conn.execute("COMMIT")
     print("ok", flush=True)
 except sqlite3.Error as exc:
     print(f"failed: {exc}", flush=True)
 """
+
+
+def start_writer(path: str, insert: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, path, insert], stdout=subprocess.PIPE, text=True)
 
 # Counting this far takes SQLite minutes: a statement that only an interrupt ends soon.
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT count(*) FROM c"
@@ -128,9 +133,7 @@ def test_a_writer_that_opens_the_file_mid_statement_gets_in_and_the_transaction_
                     conn.execute("INSERT INTO t VALUES ('first step')")
                 with write_transaction(conn):
                     conn.execute("INSERT INTO t VALUES ('second step')")
-                    writer = subprocess.Popen(
-                        [sys.executable, "-c", WRITER, conn.filename], stdout=subprocess.PIPE, text=True
-                    )
+                    writer = start_writer(conn.filename, "INSERT INTO t VALUES ('writer')")
                     # Holds the write lock for minutes unless interrupted.
                     conn.execute(ENDLESS).fetchall()
     finally:
@@ -177,19 +180,6 @@ def test_the_alarm_thread_is_gone_after_the_block(conn):
 
 # -- a merge, when a writer arrives in the middle of its long transaction ------------
 
-MERGE_WRITER = r"""
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
-try:
-    conn.execute("BEGIN")
-    conn.execute("INSERT INTO conversations (id, name, model) VALUES ('from-the-writer', 'live', 'echo')")
-    conn.execute("COMMIT")
-    print("ok", flush=True)
-except sqlite3.Error as exc:
-    print(f"failed: {exc}", flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory):
     from fixtures import family
@@ -213,9 +203,8 @@ def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
     def apply_keyed(self, table, written):
         # Messages are in by now, inside the long transaction.
         if not writers and dbmod._LONG:
-            writers.append(
-                subprocess.Popen([sys.executable, "-c", MERGE_WRITER, str(target)], stdout=subprocess.PIPE, text=True)
-            )
+            insert = "INSERT INTO conversations (id, name, model) VALUES ('from-the-writer', 'live', 'echo')"
+            writers.append(start_writer(str(target), insert))
             if mid_statement:
                 self.conn.execute(ENDLESS).fetchall()  # interrupted, or this test never ends
             else:
