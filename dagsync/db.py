@@ -62,9 +62,10 @@ BUSY_TIMEOUT_MS = 2000
 WRITE_RETRY_SECONDS = 120.0
 CACHE_KIB = 65536
 # Inside ``long_transactions``, while nobody else has the file open, commit
-# this often: what a kill -9 can cost in work to redo, never a lock held
-# against anyone.
-LONG_COMMIT_SECONDS = 5.0
+# this often. Whoever the open alarm cannot hear (a process of another user,
+# or of another PID namespace, that had the file open before) waits for at
+# most this plus one step plus the commit: well inside llm's 5 s.
+LONG_COMMIT_SECONDS = 2.0
 
 
 @dataclass
@@ -608,16 +609,28 @@ class _LongTransaction:
         self.conn = conn
         self.began = 0.0
         self.interrupted = threading.Event()
+        # The flag and the interrupt are one act: seen together or not at all.
+        self.lock = threading.Lock()
         self.depth = 0  # write_transaction blocks open; the outermost is a step
 
     def opened(self) -> None:
         """From the alarm's thread: stop the running statement (a no-op between statements)."""
-        self.interrupted.set()
-        self.conn.interrupt()
+        with self.lock:
+            self.interrupted.set()
+            self.conn.interrupt()
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        if not self.conn.in_transaction:
+        """One step, outermost ``write_transaction`` block. A step that fails is
+        not rolled back here: ``long_transactions`` rolls back the whole."""
+        if self.depth == 0 and self.conn.in_transaction and self.heard():
+            # Heard between steps: the last step's end was a consistent point.
+            self.let_in()
+        if self.depth == 0 and not self.conn.in_transaction:
+            if _LONG.get(id(self.conn)) is not self:
+                with write_transaction(self.conn):  # polite from here on
+                    yield
+                return
             _begin_exclusive(self.conn)
             self.began = time.monotonic()
         self.depth += 1
@@ -628,12 +641,19 @@ class _LongTransaction:
         if self.depth == 0:
             self.step_done()
 
+    def heard(self) -> bool:
+        with self.lock:
+            return self.interrupted.is_set()
+
+    def let_in(self) -> None:
+        """Somebody is waiting: commit now, and be polite from here on."""
+        _LONG.pop(id(self.conn), None)
+        _retry_busy(self.conn, "COMMIT")
+
     def step_done(self) -> None:
         """At a step's end, a point at which the file is consistent."""
-        if self.interrupted.is_set():
-            # Somebody is waiting: let them in now, and be polite from here on.
-            _LONG.pop(id(self.conn), None)
-            _retry_busy(self.conn, "COMMIT")
+        if self.heard():
+            self.let_in()
         elif time.monotonic() - self.began >= LONG_COMMIT_SECONDS:
             _retry_busy(self.conn, "COMMIT")  # the next step begins the next one
 

@@ -236,6 +236,7 @@ def _merge_one_marked(
                         # A packed target stays packed: what arrived inline is packed
                         # with the target's settings, blobs the source has copied by key.
                         blobs.pack_new_rows(target, source_schema="src" if run.source_packed else None)
+                run.flush_progress()
             return run.report()
         except OpenedMeanwhile:
             # A process opened the target in the middle of a long transaction,
@@ -289,7 +290,8 @@ class _SourceMerge:
         self.conn = target.conn
         self.fmt: Format = target.format
         self.source = source
-        self.progress = progress or (lambda phase, done, total: None)
+        self.on_progress = progress or (lambda phase, done, total: None)
+        self.pending_progress: tuple[str, int, int] | None = None
         self.conflicts: list[str] = []
         self.counts: dict[str, _Counts] = {t.name: _Counts() for t in self.fmt.merge_order}
         self.new_id = UlidFactory()
@@ -300,6 +302,20 @@ class _SourceMerge:
         self.dangling_counted: dict[str, int] = {}
 
     # -- plumbing ------------------------------------------------------------
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        """Tell the caller, but only while no transaction is open: a callback
+        that blocks (a terminal paused with Ctrl-S) must never hold the write
+        lock. Inside a long transaction the latest report waits for a commit."""
+        if self.conn.in_transaction:
+            self.pending_progress = (phase, done, total)
+            return
+        self.pending_progress = None
+        self.on_progress(phase, done, total)
+
+    def flush_progress(self) -> None:
+        if self.pending_progress is not None:
+            self.progress(*self.pending_progress)
 
     def attach(self) -> None:
         uri = "file:" + urllib.parse.quote(str(self.source.resolve())) + "?mode=ro"
@@ -365,6 +381,7 @@ class _SourceMerge:
             # The snapshot bound is on the rowid, whatever column the chunks follow.
             bound = f" AND rowid <= {int(self.bounds[source_table])}"
         low = self.one(f"SELECT min({column}) FROM {schema_table} WHERE 1{bound}")
+        first = low
         arithmetic = isinstance(low, int) and (not bound or column in ("rowid", "id"))
         total = 0
         if phase and arithmetic:
@@ -399,7 +416,7 @@ class _SourceMerge:
             pacer.timed(time.perf_counter() - started)
             if phase:
                 if arithmetic:
-                    done = min(total, done + high - low + 1)
+                    done = min(total, high - first + 1)
                 else:
                     done += self.one(f"SELECT count(*) FROM {schema_table} WHERE {column} BETWEEN ? AND ?", (low, high))
                 self.progress(phase, done, total)
@@ -410,14 +427,21 @@ class _SourceMerge:
 
     # -- how a source column becomes a target value ------------------------------
 
-    def expr(self, table: Table, column: str, alias: str = "s") -> str:
-        """SQL for ``column`` of a source row, rewritten into the target's keys."""
+    def expr(self, table: Table, column: str, alias: str = "s", written: bool = False) -> str:
+        """SQL for ``column`` of a source row, rewritten into the target's keys.
+
+        ``written``: the value is written to the target. A reference to a
+        message then comes from the plan's map, so a message the plan did not
+        see (a live source's row changed since) is NULL, never dangling.
+        """
         ref = self.fmt.references[table.name].get(column)
         if ref is not None and ref != table.name:
             ref_table = self.fmt.table(ref)
+            if ref_table.key in MESSAGE_KEYS and written:
+                return self.message_ref(column, alias)
             if ref_table.key in MESSAGE_KEYS:
-                # Only messages mapped onto another row move; most keep their
-                # id (check_dangling checks that the source has them).
+                # To compare or match: only messages mapped onto another row
+                # move; most keep their id (check_dangling checks the source has them).
                 raw = f'{alias}."{column}"'
                 if not self.moved:
                     return raw
@@ -924,10 +948,12 @@ class _SourceMerge:
         """SQL true when target row ``t`` holds another ``column`` than source row ``s``."""
         value = self.expr(table, column)
         raw = f's."{column}"'
-        if value == raw:
-            return f't."{column}" IS NOT {raw}'
-        # A reference: most keep their key (the row they point at is the same
-        # in both files), so the map is only asked when the raw values differ.
+        ref = self.fmt.references[table.name].get(column)
+        if value == raw or ref is None or self.fmt.table(ref).key not in MESSAGE_KEYS:
+            return f't."{column}" IS NOT {value}'
+        # A message keeps its id in every file unless mapped, and the target
+        # holds no reference to a message it lacks: the map is only asked when
+        # the raw values differ. (Not so for integer ids, which are per file.)
         return f'CASE WHEN t."{column}" IS {raw} THEN 0 ELSE t."{column}" IS NOT {value} END'
 
     def key_match(self, table: Table, target_alias: str = "t") -> str:
@@ -1219,7 +1245,7 @@ class _SourceMerge:
         c = self.conn
         name = table.name
         cols = self.columns[name]
-        select = ", ".join("m.dst" if col == "id" else self.expr(table, col) for col in cols)
+        select = ", ".join("m.dst" if col == "id" else self.expr(table, col, written=True) for col in cols)
         for low, high in self.chunks(f'temp."map_{name}"', "src", f"copying {name}", writes=True):
             with write_transaction(c):
                 # Ids are taken under the write lock, after the target's highest.
@@ -1241,7 +1267,7 @@ class _SourceMerge:
     def apply_keyed(self, table: Table, written: dict[str, _Counts]) -> None:
         c = self.conn
         name = table.name
-        select = ", ".join(self.expr(table, col) for col in self.columns[name])
+        select = ", ".join(self.expr(table, col, written=True) for col in self.columns[name])
         match = self.key_match(table)
         for low, high in self.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
             with write_transaction(c):

@@ -193,20 +193,27 @@ class OpenAlarm:
         self.on_open = on_open
         self.stop_read, self.stop_write = os.pipe()
         self.thread = threading.Thread(target=self.wait, name="dagsync-open-alarm", daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError:
+            os.close(self.stop_read)
+            os.close(self.stop_write)
+            raise
 
     @classmethod
     def start(cls, path: str, on_open: Callable[[], None]) -> OpenAlarm | None:
+        if not on_local_filesystem(path):
+            return None  # inotify hears no open made on another host
         try:
             fd = _inotify_init()
         except (OSError, AttributeError):
             return None
         try:
             _inotify_watch(fd, path)
-        except (OSError, AttributeError):
+            return cls(fd, on_open)
+        except (OSError, AttributeError, RuntimeError):
             os.close(fd)
             return None
-        return cls(fd, on_open)
 
     def wait(self) -> None:
         poller = select.poll()
@@ -238,6 +245,36 @@ class OpenAlarm:
         self.thread.join()
         for fd in (self.fd, self.stop_read, self.stop_write):
             os.close(fd)
+
+
+# Filesystems whose files only this kernel opens, so that inotify hears every open.
+LOCAL_FILESYSTEMS = frozenset(
+    ("ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay", "zfs", "bcachefs", "jfs", "reiserfs")
+)
+
+
+def on_local_filesystem(path: str, mounts: str | None = None) -> bool:
+    """Whether ``path`` is on a filesystem in LOCAL_FILESYSTEMS (read from
+    ``/proc/mounts``, or ``mounts`` in its format). Not on NFS, SMB, FUSE, ...,
+    where another host's opens are not heard; unknown counts as not."""
+    try:
+        if mounts is None:
+            with open("/proc/mounts", encoding="utf-8", errors="replace") as f:
+                mounts = f.read()
+        where = os.path.realpath(path)
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # /proc/mounts escapes spaces and the like as octal (\040).
+        point = fields[1].encode().decode("unicode_escape")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype in LOCAL_FILESYSTEMS
 
 
 def _open_elsewhere(key: tuple[int, int]) -> bool:

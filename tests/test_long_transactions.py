@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
@@ -36,8 +37,19 @@ except sqlite3.Error as exc:
 def start_writer(path: str, insert: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", WRITER, path, insert], stdout=subprocess.PIPE, text=True)
 
-# Counting this far takes SQLite minutes: a statement that only an interrupt ends soon.
-ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT count(*) FROM c"
+# Counting this far takes SQLite minutes: a statement that only an interrupt
+# ends soon. Its first row calls start_writer_now(), so the writer starts while
+# it runs, never before.
+ENDLESS = (
+    "WITH RECURSIVE c(x) AS (SELECT start_writer_now() UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) "
+    "SELECT count(*) FROM c"
+)
+
+
+def run_endless(conn: apsw.Connection, start: Callable[[], subprocess.Popen], writers: list) -> None:
+    """Run ENDLESS on ``conn``; the writer ``start`` makes is appended to ``writers``."""
+    conn.create_scalar_function("start_writer_now", lambda: (writers.append(start()), 1)[1], 0)
+    conn.execute(ENDLESS).fetchall()
 
 
 @pytest.fixture
@@ -86,6 +98,7 @@ def test_steps_share_one_transaction_while_nobody_else_has_the_file_open(conn):
 def test_a_long_transaction_commits_every_so_often(conn, monkeypatch):
     monkeypatch.setattr(dbmod, "LONG_COMMIT_SECONDS", 0.0)
     with long_transactions(conn):
+        assert id(conn) in dbmod._LONG
         with write_transaction(conn):
             conn.execute("INSERT INTO t VALUES (1)")
         assert not conn.in_transaction
@@ -125,7 +138,7 @@ def test_an_open_between_statements_commits_at_the_step_end_and_the_rest_is_poli
 
 
 def test_a_writer_that_opens_the_file_mid_statement_gets_in_and_the_transaction_is_rolled_back(conn):
-    writer = None
+    writers: list[subprocess.Popen] = []
     try:
         with pytest.raises(OpenedMeanwhile, match="another process opened"):
             with long_transactions(conn):
@@ -133,12 +146,11 @@ def test_a_writer_that_opens_the_file_mid_statement_gets_in_and_the_transaction_
                     conn.execute("INSERT INTO t VALUES ('first step')")
                 with write_transaction(conn):
                     conn.execute("INSERT INTO t VALUES ('second step')")
-                    writer = start_writer(conn.filename, "INSERT INTO t VALUES ('writer')")
                     # Holds the write lock for minutes unless interrupted.
-                    conn.execute(ENDLESS).fetchall()
+                    run_endless(conn, lambda: start_writer(conn.filename, "INSERT INTO t VALUES ('writer')"), writers)
     finally:
         # Only once the lock is let go (or the writer has given up).
-        outcome = writer.communicate(timeout=60)[0].strip() if writer else None
+        outcome = writers[0].communicate(timeout=60)[0].strip() if writers else None
     assert outcome == "ok"
     assert not conn.in_transaction
     # Both steps of the long transaction were rolled back; the writer's row is in.
@@ -148,6 +160,7 @@ def test_a_writer_that_opens_the_file_mid_statement_gets_in_and_the_transaction_
 def test_nested_write_transactions_are_one_step(conn, monkeypatch):
     monkeypatch.setattr(dbmod, "LONG_COMMIT_SECONDS", 0.0)
     with long_transactions(conn):
+        assert id(conn) in dbmod._LONG
         with write_transaction(conn):
             with write_transaction(conn):
                 conn.execute("INSERT INTO t VALUES (1)")
@@ -170,12 +183,35 @@ def test_an_error_in_a_step_rolls_the_long_transaction_back(conn):
 
 
 def test_the_alarm_thread_is_gone_after_the_block(conn):
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())
+    with long_transactions(conn):
+        assert [t.name for t in set(threading.enumerate()) - before] == ["dagsync-open-alarm"]
+        with write_transaction(conn):
+            conn.execute("INSERT INTO t VALUES (1)")
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_an_open_heard_between_steps_lets_the_newcomer_in_before_the_next_step(conn):
     with long_transactions(conn):
         with write_transaction(conn):
             conn.execute("INSERT INTO t VALUES (1)")
-    assert "dagsync-open-alarm" not in {t.name for t in threading.enumerate()} - before
-    assert Path(conn.filename).exists()
+        long = dbmod._LONG[id(conn)]
+        long.opened()  # as the alarm would, between two steps
+        assert conn.in_transaction
+        with write_transaction(conn):
+            # Committed before this step began; this step is a polite one of its own.
+            assert id(conn) not in dbmod._LONG
+            conn.execute("INSERT INTO t VALUES (2)")
+        assert not conn.in_transaction
+    assert rows(conn.filename) == [1, 2]
+
+
+def test_no_alarm_and_no_long_transaction_off_a_local_filesystem(conn):
+    mounts = "/dev/vda / ext4 rw 0 0\nserver:/export /home nfs4 rw 0 0\nme@host: /home/me/remote fuse.sshfs rw 0 0\n"
+    assert others.on_local_filesystem("/var/lib/x.db", mounts)
+    assert not others.on_local_filesystem("/home/me/logs.db", mounts)
+    assert not others.on_local_filesystem("/home/me/remote/logs.db", mounts)
+    assert others.on_local_filesystem(conn.filename)  # this test's own tmp_path
 
 
 # -- a merge, when a writer arrives in the middle of its long transaction ------------
@@ -204,10 +240,10 @@ def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
         # Messages are in by now, inside the long transaction.
         if not writers and dbmod._LONG:
             insert = "INSERT INTO conversations (id, name, model) VALUES ('from-the-writer', 'live', 'echo')"
-            writers.append(start_writer(str(target), insert))
             if mid_statement:
-                self.conn.execute(ENDLESS).fetchall()  # interrupted, or this test never ends
+                run_endless(self.conn, lambda: start_writer(str(target), insert), writers)  # interrupted
             else:
+                writers.append(start_writer(str(target), insert))
                 assert next(iter(dbmod._LONG.values())).interrupted.wait(30)
         return inner(self, table, written)
 

@@ -130,6 +130,31 @@ class TestLiveWriters:
         with sqlite3.connect(target) as conn:
             assert conn.execute("SELECT head_input_message_id IS NOT NULL FROM calls WHERE id = '01live'").fetchone() == (1,)
 
+    def test_a_head_moved_in_the_source_during_a_merge_never_dangles(self, tmp_path):
+        # The conversation row is inside the plan's snapshot, but the message
+        # its head moved to is not: the copied row must not point at it.
+        src, target = tmp_path / "laptop.db", tmp_path / "server.db"
+        with MessageStore.open(src) as s:
+            conversation = s.start_conversation("c", "m")
+            s.advance_conversation(conversation, s.save_chain([text("user", "q")]))
+        MessageStore.open(target).close()
+        moved = []
+
+        def llm_continues_the_conversation(phase, done, total):
+            if phase == "planned" and not moved:
+                with MessageStore.open(src) as s:
+                    (head,) = s.conn.execute("SELECT head_message_id FROM conversations").fetchone()
+                    moved.append(s.save_chain([text("assistant", "a live answer")], head))
+                    s.advance_conversation(conversation, moved[0])
+
+        merge(target, [src], progress=llm_continues_the_conversation)
+        assert moved
+        assert integrity(target) == []
+        merge(target, [src])  # the live message arrives, and the head follows it
+        assert integrity(target) == []
+        with sqlite3.connect(target) as conn:
+            assert conn.execute("SELECT head_message_id FROM conversations").fetchone() == (moved[0],)
+
     def test_a_fast_forward_overtaken_by_a_live_writer_becomes_a_fork(self, tmp_path):
         target, src = tmp_path / "server.db", tmp_path / "laptop.db"
         with MessageStore.open(target) as s:
