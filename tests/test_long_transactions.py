@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import apsw
 import pytest
