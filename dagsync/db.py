@@ -623,14 +623,13 @@ class _LongTransaction:
     def step(self) -> Iterator[None]:
         """One step, outermost ``write_transaction`` block. A step that fails is
         not rolled back here: ``long_transactions`` rolls back the whole."""
-        if self.depth == 0 and self.conn.in_transaction and self.heard():
+        if self.depth == 0 and self.heard():
             # Heard between steps: the last step's end was a consistent point.
             self.let_in()
+            with write_transaction(self.conn):  # a polite one, _LONG no longer names us
+                yield
+            return
         if self.depth == 0 and not self.conn.in_transaction:
-            if _LONG.get(id(self.conn)) is not self:
-                with write_transaction(self.conn):  # polite from here on
-                    yield
-                return
             _begin_exclusive(self.conn)
             self.began = time.monotonic()
         self.depth += 1
@@ -648,7 +647,8 @@ class _LongTransaction:
     def let_in(self) -> None:
         """Somebody is waiting: commit now, and be polite from here on."""
         _LONG.pop(id(self.conn), None)
-        _retry_busy(self.conn, "COMMIT")
+        if self.conn.in_transaction:
+            _retry_busy(self.conn, "COMMIT")
 
     def step_done(self) -> None:
         """At a step's end, a point at which the file is consistent."""

@@ -438,7 +438,7 @@ class _SourceMerge:
         if ref is not None and ref != table.name:
             ref_table = self.fmt.table(ref)
             if ref_table.key in MESSAGE_KEYS and written:
-                return self.message_ref(column, alias)
+                return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
             if ref_table.key in MESSAGE_KEYS:
                 # To compare or match: only messages mapped onto another row
                 # move; most keep their id (check_dangling checks the source has them).
@@ -457,12 +457,6 @@ class _SourceMerge:
                     f"THEN {self.json_function(json_ref)}({value}) ELSE {value} END"
                 )
         return value
-
-    @staticmethod
-    def message_ref(column: str, alias: str = "s") -> str:
-        """SQL for the target's id of the message a source row's ``column`` names;
-        NULL when the source does not have that message."""
-        return f'(SELECT dst FROM temp.msg_map WHERE src = {alias}."{column}")'
 
     def payload(self, table: Table, column: str, alias: str = "s") -> str:
         """SQL for a source column as llm wrote it: a packed source's blob references
@@ -603,7 +597,7 @@ class _SourceMerge:
             "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
             "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
         )
-        in_order = settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
+        settled = table.key is Key.HASH_MESSAGE and self.all_new_in_order()
         # Children are looked up by parent only below what is settled (in a
         # re-merge, nothing is left), and only by the rounds.
         if not settled and self.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
@@ -696,9 +690,9 @@ class _SourceMerge:
         # any file written a message at a time (and it is the order of the
         # ids, so inserts land near each other in every index); where it is
         # not, depth order is.
-        if in_order:
-            # Every unsettled message is new, and all_new_in_order found each
-            # one's parent settled or earlier in the source.
+        if settled:
+            # Without rounds: every unsettled message is new, and
+            # all_new_in_order found each one's parent settled or earlier.
             c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
         else:
             backwards = self.one(
@@ -892,7 +886,7 @@ class _SourceMerge:
         # in order; chunks of equal first-key values stay together.
         first = nk[0]
         # The same pass marks new rows whose references resolve nowhere.
-        dangles = " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
+        dangles = self.dangling_sql(table)
         insert = (
             f'INSERT INTO temp."map_{name}" (src, dst, new, bad) SELECT id, coalesce(m, ? - 1 - id), m IS NULL, '
             f"CASE WHEN m IS NULL THEN bad END FROM (SELECT s.id, {found} AS m, ({dangles}) AS bad "
@@ -922,7 +916,7 @@ class _SourceMerge:
         differs = " OR ".join(self.differs(table, c) for c in compare) or "0"
         # The same pass counts new rows with a reference that resolves nowhere
         # (see check_dangling, which names one only if there are any).
-        dangles = " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
+        dangles = self.dangling_sql(table)
         added = existing = dangling = 0
         for low, high in self.chunks(f'src."{name}"'):
             new, old, conflicting, bad = next(iter(self.conn.execute(
@@ -994,7 +988,7 @@ class _SourceMerge:
                 continue  # the rows checked are those of new owners: this resolves
             if ref_table.key in MESSAGE_KEYS or ref_table.key is Key.INTEGER:
                 # Mapped from the source's own rows: the source must have the row.
-                fails = f"{self.message_ref(column) if ref_table.key in MESSAGE_KEYS else self.expr(table, column)} IS NULL"
+                fails = f"{self.expr(table, column, written=True)} IS NULL"
                 why = f"which {self.source.name} does not have"
             else:
                 ref_key = ref_table.natural_key[0]
@@ -1008,6 +1002,10 @@ class _SourceMerge:
                 why = "which neither file has"
             checks.append((column, ref, f'(s."{column}" IS NOT NULL AND {fails})', why))
         return checks
+
+    def dangling_sql(self, table: Table) -> str:
+        """SQL true for a source row ``s`` with a reference that resolves nowhere."""
+        return " OR ".join(f for _, _, f, _ in self.dangling_checks(table)) or "0"
 
     def find_dangling(self, table: Table, checks: list[tuple[str, str, str, str]]) -> None:
         """Raise ``DamagedSource`` naming the first reference that resolves nowhere."""
@@ -1069,7 +1067,7 @@ class _SourceMerge:
         c = self.conn
         name, pointer = table.name, table.pointer
         key = table.natural_key[0]
-        head = self.message_ref(pointer)  # NULL for a head the source does not have: ignored
+        head = self.expr(table, pointer, written=True)  # NULL for a head the plan did not see: ignored
         c.execute(
             "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, "
             "verdict INTEGER, row TEXT, row_head TEXT)"
@@ -1205,17 +1203,14 @@ class _SourceMerge:
                     written[part.name].added += self.changes()
         # Record where each mapped message went, for holders of its old id.
         source_map = bookkeeping.has(c, "_dagsync_message_map", "src")
-        mapped = self.one("SELECT count(*) FROM temp.msg_map WHERE kind = ?", (MAPPED,))
-        if mapped or source_map:
+        if self.moved or source_map:
             with write_transaction(c):
                 bookkeeping.ensure(c)
-            c.execute("CREATE TEMP TABLE msg_mapped (seq INTEGER PRIMARY KEY, src TEXT, dst TEXT)")
-            c.execute("INSERT INTO temp.msg_mapped (src, dst) SELECT src, dst FROM temp.msg_map WHERE kind = ?", (MAPPED,))
-            for low, high in self.chunks("temp.msg_mapped", "seq", writes=True):
+            for low, high in self.chunks("temp.msg_moved", "src", writes=True):
                 with write_transaction(c):
                     c.execute(
                         "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
-                        "SELECT src, dst FROM temp.msg_mapped WHERE seq BETWEEN ? AND ?",
+                        "SELECT src, dst FROM temp.msg_moved WHERE src BETWEEN ? AND ?",
                         (low, high),
                     )
             if source_map:

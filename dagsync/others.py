@@ -28,7 +28,7 @@ import os
 import select
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 __all__ = ["OpenAlarm", "holds_lock", "may_be_waiting"]
 
@@ -144,10 +144,7 @@ class _OpenWatch:
             except OSError:
                 self.opened.update(self.watched)
                 return
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                wd, mask, _, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size + length
+            for wd, mask in _events(data):
                 if mask & _IN_Q_OVERFLOW:
                     self.opened.update(self.watched)  # events were lost: assume the worst
                 elif mask & _IN_IGNORED:
@@ -159,6 +156,15 @@ class _OpenWatch:
                         self.opened.discard(key)
                 elif mask & _IN_OPEN and wd in self.files:
                     self.opened.add(self.files[wd])
+
+
+def _events(data: bytes) -> Iterator[tuple[int, int]]:
+    """(watch descriptor, mask) of each inotify event read into ``data``."""
+    offset = 0
+    while offset + _EVENT.size <= len(data):
+        wd, mask, _, length = _EVENT.unpack_from(data, offset)
+        offset += _EVENT.size + length
+        yield wd, mask
 
 
 def _inotify_init() -> int:
@@ -230,10 +236,7 @@ class OpenAlarm:
             except OSError:
                 self.on_open()  # the watch failed: assume the worst
                 return
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                _, mask, _, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size + length
+            for _, mask in _events(data):
                 if mask & (_IN_OPEN | _IN_Q_OVERFLOW):
                     self.on_open()
                     return
