@@ -1,59 +1,54 @@
-"""blobs: a content-addressed zstd store for part payloads: pack, unpack, read.
+"""blobs: pack payloads into the content-addressed zstd store, and unpack them again.
 
 System prompts, tool outputs and long documents repeat across thousands of
 messages. ``pack`` stores each payload once, compressed, and leaves a short
 reference in the row; ``unpack`` puts every payload back byte for byte so llm
-can read the file again. Every dagsync command reads packed files.
-
-The format (docs/blobs.md says it for other programs):
-
-* ``blobs(hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict TEXT, data BLOB NOT NULL)``:
-  ``hash`` is the lowercase hex sha256 of the exact payload bytes (a text
-  payload's UTF-8); ``size`` their length; ``data`` one zstd frame of them
-  (content size in its header), made with the dictionary ``dict`` when that
-  is not NULL.
-* ``blob_dicts(hash TEXT PRIMARY KEY, data BLOB NOT NULL)``: zstd
-  dictionaries, keyed by the sha256 of their bytes, so two files'
-  dictionaries never clash and merge can copy them by key.
-* **A packed value** is ``dagsync:`` followed by the blob's hash (72 ASCII
-  characters), stored with the storage class its column otherwise never
-  holds: a BLOB in a column of text (``parts.text``, ``message_parts.content``
-  ...), TEXT in a column of bytes (``attachments.content``). So a payload is
-  never mistaken for a reference, whatever it says. Which columns are packed
-  is data: ``Format.packed``.
-* ``_dagsync_meta`` keeps the settings new rows are packed with:
-  ``pack_level``, ``pack_threshold``, ``pack_dict`` (a dictionary hash or '').
+can read the file again. What a packed file is, and how every command reads
+one, is ``packed.py``.
 
 Payloads shorter than the threshold stay inline: below it the reference and
 the blob row cost more than they save (measured: docs/blobs.md).
+
+Both go a chunk of rows at a time through the file's ``writer.Writer``: each
+chunk hashes and compresses what the store lacks, writes the blobs and
+rewrites the rows in one transaction (or step of a long one), so every
+commit point is a consistent file, and packing or unpacking again does only
+what is left.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
 import time
-from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import apsw
 import zstandard
 
 from dagsync import bookkeeping
-from dagsync.db import Database, Pacer, VacuumReport, open_target, rowid_ranges, vacuum as vacuum_file, write_transaction
-from dagsync.errors import DagsyncError, BlobError
+from dagsync.db import Database, open_target
+from dagsync.errors import DagsyncError
 from dagsync.formats import Format, PackedColumn
+from dagsync.packed import (
+    DDL,
+    MARKER_LENGTH,
+    PREFIX,
+    is_packed,
+    marker_sql,
+    meta,
+    payload_bytes,
+    register_functions,
+    sha256,
+)
+from dagsync.vacuum import VacuumReport
+from dagsync.vacuum import vacuum as vacuum_file
+from dagsync.writer import Writer
 
-__all__ = [
-    "PackReport", "UnpackReport", "Blobs", "is_packed", "pack", "unpack", "register_functions",
-]  # fmt: skip
+__all__ = ["ColumnReport", "PREFIX", "PackReport", "UnpackReport", "pack", "pack_new_rows", "unpack"]
 
 Progress = Callable[[str, int, int], None]
 
-PREFIX = "dagsync:"
-MARKER_LENGTH = len(PREFIX) + 64
 DEFAULT_LEVEL = 3
 # Payloads this many bytes or longer go into blobs (see docs/blobs.md for the measurement).
 DEFAULT_THRESHOLD = 256
@@ -61,126 +56,6 @@ DEFAULT_THRESHOLD = 256
 SMALL = 1024
 DICT_SIZE = 112 * 1024
 DICT_SAMPLES = 20_000
-
-TARGET_SECONDS = 0.8
-FIRST_CHUNK = 1000
-MAX_CHUNK = 50_000
-
-DDL = """
-CREATE TABLE IF NOT EXISTS blob_dicts (
-    hash TEXT PRIMARY KEY,  -- sha256 hex of the dictionary bytes
-    data BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS blobs (
-    hash TEXT PRIMARY KEY,  -- sha256 hex of the payload bytes
-    size INTEGER NOT NULL,  -- payload length in bytes
-    dict TEXT REFERENCES blob_dicts(hash),  -- the dictionary data was compressed with, or NULL
-    data BLOB NOT NULL  -- one zstd frame
-);
-"""
-
-
-def is_packed(conn: apsw.Connection, schema: str = "main") -> bool:
-    """Whether the database has a blob store."""
-    return bookkeeping.has(conn, "blobs", schema)
-
-
-def generation(conn: apsw.Connection) -> str | None:
-    """A counter every transaction that writes blob references moves on (gc compares it)."""
-    return _meta(conn, "pack_generation")
-
-
-def marker_sql(column: PackedColumn, alias: str) -> str:
-    """SQL true when ``alias.column`` holds a reference to a blob."""
-    other = "blob" if column.holds == "text" else "text"
-    value = f'{alias}."{column.column}"'
-    return f"(typeof({value}) = '{other}' AND length({value}) = {MARKER_LENGTH} AND substr(CAST({value} AS TEXT), 1, 8) = '{PREFIX}')"
-
-
-def payload_bytes(value: str | bytes) -> bytes:
-    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
-
-
-def sha256(value: str | bytes) -> str:
-    return hashlib.sha256(payload_bytes(value)).hexdigest()
-
-
-class Blobs:
-    """Reads (and, for pack, writes) the blob store of one schema of a connection."""
-
-    def __init__(self, conn: apsw.Connection, schema: str = "main") -> None:
-        self.conn = conn
-        self.schema = schema
-        self.decompressors: dict[str | None, zstandard.ZstdDecompressor] = {}
-        self.present: bool | None = None
-
-    def decompressor(self, dict_hash: str | None) -> zstandard.ZstdDecompressor:
-        if dict_hash not in self.decompressors:
-            if dict_hash is None:
-                self.decompressors[None] = zstandard.ZstdDecompressor()
-            else:
-                row = next(
-                    iter(self.conn.execute(f"SELECT CAST(data AS BLOB) FROM {self.schema}.blob_dicts WHERE hash = ?", (dict_hash,))),
-                    None,
-                )
-                if row is None:
-                    raise BlobError(f"blob dictionary {dict_hash} is missing")
-                self.decompressors[dict_hash] = zstandard.ZstdDecompressor(
-                    dict_data=zstandard.ZstdCompressionDict(row[0])
-                )
-        return self.decompressors[dict_hash]
-
-    def exists(self) -> bool:
-        if self.present is None:
-            self.present = is_packed(self.conn, self.schema)
-        return self.present
-
-    def payload(self, blob_hash: str) -> bytes:
-        """The bytes stored under ``blob_hash``.
-
-        :raises BlobError: the blob (or its dictionary) is missing, or does not decompress.
-        """
-        row = None
-        if self.exists():
-            row = next(
-                iter(self.conn.execute(f"SELECT dict, CAST(data AS BLOB) FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,))), None
-            )
-        if row is None:
-            raise BlobError(f"blob {blob_hash} is missing")
-        try:
-            return self.decompressor(row[0]).decompress(row[1])
-        except zstandard.ZstdError as exc:
-            raise BlobError(f"blob {blob_hash} does not decompress: {exc}") from exc
-
-    def resolve(self, value: Any, holds: str) -> Any:
-        """A column value as llm wrote it: a reference replaced by its payload, anything else as it is.
-
-        A text payload comes back as ``str`` (bytes that are not UTF-8 replaced:
-        to get them exactly, use ``resolve_bytes``, as SQL does).
-        """
-        data = self.resolve_bytes(value, holds)
-        if data is value:
-            return value
-        return data.decode("utf-8", errors="replace") if holds == "text" else data
-
-    def resolve_bytes(self, value: Any, holds: str) -> Any:
-        """Like ``resolve``, but a payload always comes back as its exact bytes."""
-        if not isinstance(value, (bytes, str)) or not self.exists():
-            return value  # a file with no blob store holds no references
-        if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
-            return self.payload(value[len(PREFIX) :].decode("ascii"))
-        if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
-            return self.payload(value[len(PREFIX) :])
-        return value
-
-
-def register_functions(conn: apsw.Connection) -> None:
-    """``dagsync_unpack(value, holds)`` and ``dagsync_unpack_src(...)``: a value with any
-    blob reference resolved, from the main database or the attached ``src``."""
-    for name, schema in (("dagsync_unpack", "main"), ("dagsync_unpack_src", "src")):
-        store = Blobs(conn, schema)
-        # Exact bytes: callers CAST them AS TEXT for a text column, byte for byte.
-        conn.create_scalar_function(name, store.resolve_bytes, 2, deterministic=False)
 
 
 # -- pack ----------------------------------------------------------------------------
@@ -242,12 +117,16 @@ def pack(
     db = open_target(path)
     try:
         before = os.path.getsize(path)
-        run = _Pack(db, dry_run, progress)
+        writer = Writer(db.conn, progress, dry_run=dry_run)
+        run = _Pack(db, writer)
         run.settings(dictionary, level, threshold)
-        columns = tuple(run.pack_column(c) for c in run.columns())
+        columns = run.columns()
+        # Each column again from where it is, if a long transaction had to give way.
+        writer.redo(lambda: [run.pack_column(c) for c in columns], "packing it")
+        reports = tuple(run.column_report(c) for c in columns)
         run.drop_temp()
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
-        distinct_bytes = run.distinct_bytes
+        payload = sum(c.payload_bytes for c in reports)
         return PackReport(
             path=str(path),
             format=db.format.name,
@@ -255,13 +134,13 @@ def pack(
             level=run.level,
             threshold=run.threshold,
             dictionary=run.dict_hash,
-            columns=columns,
-            payload_bytes=sum(c.payload_bytes for c in columns),
+            columns=reports,
+            payload_bytes=payload,
             distinct_payloads=run.distinct,
-            distinct_bytes=distinct_bytes,
+            distinct_bytes=run.distinct_bytes,
             new_blobs=run.new_blobs,
             stored_bytes=run.stored_bytes,
-            dedup_ratio=round(sum(c.payload_bytes for c in columns) / distinct_bytes, 3) if distinct_bytes else 1.0,
+            dedup_ratio=round(payload / run.distinct_bytes, 3) if run.distinct_bytes else 1.0,
             compression_ratio=round(run.new_payload_bytes / run.stored_bytes, 3) if run.stored_bytes else 1.0,
             file_bytes_before=before,
             file_bytes_after=os.path.getsize(path),
@@ -272,14 +151,14 @@ def pack(
         db.close()
 
 
-def pack_new_rows(db: Database, source_schema: str | None = None) -> None:
+def pack_new_rows(db: Database, writer: Writer, source_schema: str | None = None) -> None:
     """Pack what is inline in an already-packed database, with its own settings (after a merge).
 
     With ``source_schema`` (an attached packed source), a payload whose blob
     the source has is not compressed again: the blob and its dictionary are
-    copied by key.
+    copied by key. Its chunks go through ``writer``, the caller's.
     """
-    run = _Pack(db, False, None)
+    run = _Pack(db, writer)
     run.source = source_schema
     run.settings(False, None, None)
     for column in run.columns():
@@ -287,21 +166,17 @@ def pack_new_rows(db: Database, source_schema: str | None = None) -> None:
     run.drop_temp()
 
 
-def _meta(conn: apsw.Connection, key: str) -> str | None:
-    if not bookkeeping.has(conn, "_dagsync_meta"):
-        return None
-    row = next(iter(conn.execute("SELECT value FROM _dagsync_meta WHERE key = ?", (key,))), None)
-    return row[0] if row else None
-
-
 class _Pack:
-    def __init__(self, db: Database, dry_run: bool, progress: Progress | None) -> None:
+    """One pack of one file: its settings, its compressors, and what it has done."""
+
+    def __init__(self, db: Database, writer: Writer) -> None:
         self.db = db
         self.conn = db.conn
         self.fmt: Format = db.format
-        self.dry_run = dry_run
-        self.progress = progress or (lambda phase, done, total: None)
+        self.writer = writer
+        self.dry_run = writer.dry_run
         self.distinct = self.distinct_bytes = self.new_blobs = self.stored_bytes = self.new_payload_bytes = 0
+        self.packed: dict[tuple[str, str], list[int]] = {}  # (table, column) -> [values, bytes], committed
         self.compressors: dict[bool, zstandard.ZstdCompressor] = {}
         self.dict_hash: str | None = None
         self.dict_data: bytes | None = None
@@ -312,7 +187,7 @@ class _Pack:
         return [c for c in self.fmt.packed if c.table in present]
 
     def settings(self, dictionary: bool, level: int | None, threshold: int | None) -> None:
-        stored_level, stored_threshold = _meta(self.conn, "pack_level"), _meta(self.conn, "pack_threshold")
+        stored_level, stored_threshold = meta(self.conn, "pack_level"), meta(self.conn, "pack_threshold")
         self.level = level if level is not None else int(stored_level or DEFAULT_LEVEL)
         self.threshold = threshold if threshold is not None else int(stored_threshold or DEFAULT_THRESHOLD)
         if not 1 <= self.level <= 22:
@@ -322,7 +197,7 @@ class _Pack:
                 f"invalid threshold {self.threshold}: payloads shorter than a reference "
                 f"({MARKER_LENGTH} bytes) cannot be packed; give {MARKER_LENGTH + 1} or more"
             )
-        stored_dict = _meta(self.conn, "pack_dict") or None
+        stored_dict = meta(self.conn, "pack_dict") or None
         trained = self.train() if dictionary else None
         if trained:
             self.dict_data, self.dict_hash = trained, sha256(trained)
@@ -334,19 +209,19 @@ class _Pack:
         if not is_packed(self.conn):
             self.refuse_lookalikes()
         self.conn.execute(
-            "CREATE TEMP TABLE pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
-            "CREATE TEMP TABLE pack_dry (hash TEXT PRIMARY KEY);"
-            "CREATE TEMP TABLE pack_seen (hash TEXT PRIMARY KEY, size INTEGER);"
-            "CREATE TEMP TABLE pack_new (hash TEXT PRIMARY KEY, size INTEGER, dict TEXT, data BLOB);"
+            "CREATE TEMP TABLE IF NOT EXISTS pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
+            "CREATE TEMP TABLE IF NOT EXISTS pack_dry (hash TEXT PRIMARY KEY);"
+            "CREATE TEMP TABLE IF NOT EXISTS pack_seen (hash TEXT PRIMARY KEY, size INTEGER);"
+            "CREATE TEMP TABLE IF NOT EXISTS pack_new (hash TEXT PRIMARY KEY, size INTEGER, dict TEXT, data BLOB);"
         )
         self.conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
         self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
         if self.dry_run:
             return
         wanted = {"pack_level": str(self.level), "pack_threshold": str(self.threshold), "pack_dict": self.dict_hash or ""}
-        if is_packed(self.conn) and all(_meta(self.conn, k) == v for k, v in wanted.items()):
+        if is_packed(self.conn) and all(meta(self.conn, k) == v for k, v in wanted.items()):
             return  # packed already, with these settings: nothing to write
-        with write_transaction(self.conn):
+        with self.writer.transaction():
             bookkeeping.ensure(self.conn)
             self.conn.execute(DDL)
             if self.dict_data:
@@ -392,7 +267,7 @@ class _Pack:
             ]
         if len(samples) < 100:
             return None
-        self.progress("pack: training a dictionary", 0, 1)
+        self.writer.progress("pack: training a dictionary", 0, 1)
         return zstandard.train_dictionary(DICT_SIZE, samples, level=self.level).as_bytes()
 
     def compress(self, value: str | bytes) -> bytes:
@@ -406,19 +281,18 @@ class _Pack:
             )
         return self.compressors[small].compress(data)
 
-    def pack_column(self, column: PackedColumn) -> ColumnReport:
+    def pack_column(self, column: PackedColumn) -> None:
+        """Pack the column's inline payloads, a chunk of rows per transaction."""
         table, value = f'main."{column.table}"', f't."{column.column}"'
         packable = f"typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) >= {self.threshold}"
-        marker = (
-            f"CAST('{PREFIX}' || k.h AS BLOB)" if column.holds == "text" else f"'{PREFIX}' || k.h"
-        )
+        marker = f"CAST('{PREFIX}' || k.h AS BLOB)" if column.holds == "text" else f"'{PREFIX}' || k.h"
         small = f"length(CAST({value} AS BLOB)) < {SMALL}"
         dict_value = f"CASE WHEN {small} THEN ? END" if self.dict_hash else "NULL"
         dict_params = (self.dict_hash,) if self.dict_hash else ()
-        packed = payload = 0
-        top = next(iter(self.conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
-        for low, high in rowid_ranges(self.conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
-            with write_transaction(self.conn) if not self.dry_run else nullcontext():
+        tally = self.packed.setdefault((column.table, column.column), [0, 0])
+        phase = f"pack: {column.table}.{column.column}"
+        for low, high in self.writer.ranges(table, phase=phase, writes=True):
+            with self.writer.transaction():
                 self.conn.execute("DELETE FROM temp.pack_chunk")
                 self.conn.execute(
                     f"INSERT INTO temp.pack_chunk SELECT t.rowid, dagsync_sha256(CAST({value} AS BLOB)), length(CAST({value} AS BLOB)) "
@@ -428,7 +302,6 @@ class _Pack:
                 # Counted from the chunk table: the rows themselves are read once more only
                 # for the payloads the store lacks, and written once.
                 n, size = next(iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_chunk")))
-                packed, payload = packed + n, payload + size
                 self.conn.execute("INSERT OR IGNORE INTO temp.pack_seen SELECT h, size FROM temp.pack_chunk")
                 if self.source and not self.dry_run:
                     src = self.source
@@ -454,9 +327,7 @@ class _Pack:
                 made, made_size, stored = next(iter(self.conn.execute(
                     "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) FROM temp.pack_new"
                 )))  # fmt: skip
-                self.new_blobs += made
-                self.new_payload_bytes += made_size
-                self.stored_bytes += stored
+                self.writer.on_commit(functools.partial(self.count, tally, n, size, made, made_size, stored))
                 if self.dry_run:
                     self.conn.execute("INSERT INTO temp.pack_dry SELECT hash FROM temp.pack_new")
                 elif n:
@@ -469,9 +340,21 @@ class _Pack:
                         f'UPDATE {table} AS t SET "{column.column}" = {marker} FROM temp.pack_chunk k WHERE t.rowid = k.rid'
                     )
                 self.conn.execute("DELETE FROM temp.pack_new")
-            self.progress(f"pack: {column.table}.{column.column}", high, top)
+
+    def count(self, tally: list[int], n: int, size: int, made: int, made_size: int, stored: int) -> None:
+        """What one committed chunk did."""
+        tally[0] += n
+        tally[1] += size
+        self.new_blobs += made
+        self.new_payload_bytes += made_size
+        self.stored_bytes += stored
+
+    def column_report(self, column: PackedColumn) -> ColumnReport:
+        packed, payload = self.packed.get((column.table, column.column), (0, 0))
+        value = f'"{column.column}"'
         inline = next(iter(self.conn.execute(
-            f"SELECT count(*) FROM {table} t WHERE typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) < {self.threshold}"
+            f'SELECT count(*) FROM main."{column.table}" WHERE typeof({value}) = \'{column.holds}\' '
+            f"AND length(CAST({value} AS BLOB)) < {self.threshold}"
         )))[0]  # fmt: skip
         return ColumnReport(column.table, column.column, packed, payload, inline)
 
@@ -513,41 +396,50 @@ def unpack(
     conn = db.conn
     try:
         before = os.path.getsize(path)
-        values = size = blobs = 0
+        writer = Writer(conn, progress, dry_run=dry_run)
+        done = [0, 0]  # values, bytes: committed
+        blobs = 0
         if is_packed(conn):
             register_functions(conn)
             present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-            for column in (c for c in db.format.packed if c.table in present):
-                table = f'main."{column.table}"'
-                kind = "TEXT" if column.holds == "text" else "BLOB"
-                resolved = f"CAST(dagsync_unpack(t.\"{column.column}\", '{column.holds}') AS {kind})"
-                top = next(iter(conn.execute(f"SELECT max(rowid) FROM {table}")))[0] or 0
-                for low, high in rowid_ranges(conn, table, Pacer(MAX_CHUNK, FIRST_CHUNK, TARGET_SECONDS)):
-                    where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
-                    with write_transaction(conn) if not dry_run else nullcontext():
-                        n, b = next(iter(conn.execute(
-                            f"SELECT count(*), coalesce(sum(length(CAST({resolved} AS BLOB))), 0) FROM {table} t WHERE {where}"
-                        )))  # fmt: skip
-                        values, size = values + n, size + b
-                        if n and not dry_run:
-                            conn.execute(
-                                f'UPDATE {table} AS t SET "{column.column}" = {resolved} WHERE {where}'
-                            )
-                    progress and progress(f"unpack: {column.table}.{column.column}", high, top)
+            columns = [c for c in db.format.packed if c.table in present]
+            writer.redo(lambda: [_unpack_column(writer, c, done) for c in columns], "unpacking it")
             blobs = next(iter(conn.execute("SELECT count(*) FROM blobs")))[0]
             if not dry_run:
-                with write_transaction(conn):
+                with writer.transaction():
                     # Rows written meanwhile by a merge into this packed file are
                     # packed too: only drop the store when nothing refers to it.
-                    for column in (c for c in db.format.packed if c.table in present):
+                    for column in columns:
                         if any(conn.execute(f'SELECT 1 FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')):
                             raise DagsyncError(f"{path} gained packed rows while unpacking; run unpack again")
                     conn.execute("DROP TABLE blobs; DROP TABLE blob_dicts")
                     conn.execute("DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict')")
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return UnpackReport(
-            str(path), db.format.name, dry_run, values, size, blobs, before, os.path.getsize(path), vacuumed,
+            str(path), db.format.name, dry_run, done[0], done[1], blobs, before, os.path.getsize(path), vacuumed,
             round(time.perf_counter() - started, 3),
         )  # fmt: skip
     finally:
         db.close()
+
+
+def _unpack_column(writer: Writer, column: PackedColumn, done: list[int]) -> None:
+    """Put one column's payloads back, a chunk of rows per transaction; count what is committed."""
+    conn = writer.conn
+    table = f'main."{column.table}"'
+    kind = "TEXT" if column.holds == "text" else "BLOB"
+    resolved = f"CAST(dagsync_unpack(t.\"{column.column}\", '{column.holds}') AS {kind})"
+    for low, high in writer.ranges(table, phase=f"unpack: {column.table}.{column.column}", writes=True):
+        where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
+        with writer.transaction():
+            n, size = next(iter(conn.execute(
+                f"SELECT count(*), coalesce(sum(length(CAST({resolved} AS BLOB))), 0) FROM {table} t WHERE {where}"
+            )))  # fmt: skip
+            if n and not writer.dry_run:
+                conn.execute(f'UPDATE {table} AS t SET "{column.column}" = {resolved} WHERE {where}')
+            writer.on_commit(functools.partial(_count, done, n, size))
+
+
+def _count(done: list[int], values: int, size: int) -> None:
+    done[0] += values
+    done[1] += size

@@ -28,8 +28,7 @@ import apsw
 from ulid import ULID
 
 from dagsync.canonical import content_hash
-from dagsync.blobs import Blobs
-from dagsync.db import Database, open_target, write_transaction
+from dagsync.db import Database, open_target
 from dagsync.errors import NotFound, UnsupportedDatabase
 from dagsync.formats.dag import DAG, ROOT
 from dagsync.message import (
@@ -43,6 +42,8 @@ from dagsync.message import (
     ToolResultPart,
     with_metadata,
 )
+from dagsync.packed import Blobs
+from dagsync.writer import write_transaction
 
 __all__ = ["MessageStore", "UlidFactory", "iso_now", "part_from_row", "part_row", "ROOT"]
 

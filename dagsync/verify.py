@@ -29,12 +29,12 @@ from typing import Any
 
 import apsw
 
-from dagsync.blobs import Blobs, marker_sql, sha256
 from dagsync.canonical import content_hash
 from dagsync.db import Database, open_source
 from dagsync.errors import HashContractError
 from dagsync.formats.dag import DAG
 from dagsync.message import Message
+from dagsync.packed import Blobs, marker_sql, sha256
 from dagsync.store import part_from_row
 
 __all__ = ["Problem", "VerifyReport", "verify"]

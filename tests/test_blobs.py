@@ -240,8 +240,9 @@ def test_gc_deletes_blobs_only_deleted_rows_used(tmp_path):
 RUN = """
 import sys
 import dagsync.blobs as b
-b.TARGET_SECONDS = 0.002
-b.FIRST_CHUNK = 20
+import dagsync.writer as w
+w.TARGET_SECONDS = 0.002
+w.FIRST_CHUNK = 20
 getattr(b, sys.argv[1])(sys.argv[2], progress=lambda *a: print(*a, flush=True))
 """
 

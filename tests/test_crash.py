@@ -21,14 +21,14 @@ from tests.processes import kill_after
 # steps of one long transaction (nobody else has it), committed very often.
 MERGE = """
 import contextlib, sys
-import dagsync.db as db
 import dagsync.merge as m
-m.TARGET_SECONDS = m.ALONE_TARGET_SECONDS = 0.002
-m.FIRST_CHUNK = 50
+import dagsync.writer as w
+w.TARGET_SECONDS = w.ALONE_TARGET_SECONDS = 0.002
+w.FIRST_CHUNK = 50
 if sys.argv[1] == "short":
-    m.long_transactions = lambda conn: contextlib.nullcontext()
+    w.long_transactions = lambda conn: contextlib.nullcontext()
 else:
-    db.LONG_COMMIT_SECONDS = 0.005
+    w.LONG_COMMIT_SECONDS = 0.005
 m.merge(sys.argv[2], sys.argv[3:], progress=lambda *a: print(*a, flush=True))
 """
 MODES = ("short", "long")

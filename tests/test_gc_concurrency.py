@@ -21,9 +21,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-import dagsync.gc
+import dagsync.writer
 from dagsync import bookkeeping
-from dagsync.db import write_transaction
+from dagsync.writer import write_transaction
 from dagsync.gc import gc
 from dagsync.verify import verify
 from fixtures import family, generate
@@ -232,8 +232,8 @@ def test_gc_in_a_loop_never_fails_a_live_writer_nor_loses_what_it_wrote(tmp_path
     path = build(tmp_path, fmt)
     table, pointer = POINTER[fmt]
     # Tiny transactions: many lock acquisitions, many commit points.
-    monkeypatch.setattr(dagsync.gc, "TARGET_SECONDS", 0.002)
-    monkeypatch.setattr(dagsync.gc, "FIRST_CHUNK", 50)
+    monkeypatch.setattr(dagsync.writer, "TARGET_SECONDS", 0.002)
+    monkeypatch.setattr(dagsync.writer, "FIRST_CHUNK", 50)
     side = apsw.Connection(str(path))
     side.set_busy_timeout(2000)
     originals = [c for (c,) in side.execute(f"SELECT id FROM {table} ORDER BY rowid")]
@@ -314,7 +314,8 @@ def test_gc_in_a_loop_never_fails_a_live_writer_nor_loses_what_it_wrote(tmp_path
 # the start, as a merge does once another process (this gc) opens the file.
 PAUSED_MERGE = r"""
 import contextlib, sys
-import dagsync.merge as m
+import dagsync.merge
+import dagsync.writer as m
 m.long_transactions = lambda conn: contextlib.nullcontext()
 inner = m.write_transaction
 count = lambda conn: next(iter(conn.execute("SELECT count(*) FROM main.messages")))[0]
@@ -330,7 +331,7 @@ def pausing(conn):
         print("paused", flush=True)
         sys.stdin.readline()
 m.write_transaction = pausing
-m.merge(sys.argv[1], sys.argv[2:])
+dagsync.merge.merge(sys.argv[1], sys.argv[2:])
 """
 
 

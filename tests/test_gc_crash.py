@@ -26,7 +26,8 @@ from tests.processes import kill_after
 # or between two transactions.
 GC = r"""
 import contextlib, sys
-import dagsync.gc as g
+import dagsync.gc
+import dagsync.writer as g
 g.TARGET_SECONDS = 0.002
 g.FIRST_CHUNK = 50
 inner = g.write_transaction
@@ -37,7 +38,7 @@ def announced(conn):
         yield
     print("gc: committed", flush=True)
 g.write_transaction = announced
-g.gc(sys.argv[1], grace="0s", progress=lambda *a: print(*a, flush=True))
+dagsync.gc.gc(sys.argv[1], grace="0s", progress=lambda *a: print(*a, flush=True))
 """
 
 # Columns that point into the message DAG from outside it, and the DAG's links.
@@ -305,7 +306,8 @@ def test_a_killed_gc_leaves_a_database_verify_passes_and_the_next_gc_finishes_th
 # the journal is hot, and the next connection that may write rolls it back.
 KILLED_COMMITTING = r"""
 import contextlib, os, signal, sys
-import dagsync.gc as g
+import dagsync.gc
+import dagsync.writer as g
 inner = g.write_transaction
 count = lambda conn: next(iter(conn.execute("SELECT count(*) FROM messages")))[0]
 @contextlib.contextmanager
@@ -317,7 +319,7 @@ def dying(conn):
             conn.cache_flush()
             os.kill(os.getpid(), signal.SIGKILL)
 g.write_transaction = dying
-g.gc(sys.argv[1], grace="0s")
+dagsync.gc.gc(sys.argv[1], grace="0s")
 """
 
 

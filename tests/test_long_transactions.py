@@ -11,9 +11,9 @@ from collections.abc import Callable
 import apsw
 import pytest
 
-from dagsync import db as dbmod
+from dagsync import writer as dbmod
 from dagsync import others
-from dagsync.db import OpenedMeanwhile, long_transactions, write_transaction
+from dagsync.writer import OpenedMeanwhile, long_transactions, write_transaction
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
 
@@ -229,13 +229,14 @@ def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
     import shutil
 
     import dagsync.merge as m
+    from dagsync.merge import keyed
 
     target = tmp_path / "target.db"
     shutil.copyfile(machines[0], target)
     plans, writers = [], []
-    inner = m._SourceMerge.apply_keyed
+    inner = keyed.apply
 
-    def apply_keyed(self, table, written):
+    def apply_keyed(self, table):
         # Messages are in by now, inside the long transaction.
         if not writers and dbmod._LONG:
             insert = "INSERT INTO conversations (id, name, model) VALUES ('from-the-writer', 'live', 'echo')"
@@ -244,9 +245,9 @@ def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
             else:
                 writers.append(start_writer(str(target), insert))
                 assert next(iter(dbmod._LONG.values())).interrupted.wait(30)
-        return inner(self, table, written)
+        return inner(self, table)
 
-    monkeypatch.setattr(m._SourceMerge, "apply_keyed", apply_keyed)
+    monkeypatch.setattr(keyed, "apply", apply_keyed)
     m.merge(target, [machines[1]], progress=lambda phase, done, total: plans.append(phase) if phase == "planned" else None)
     assert writers, "the merge never wrote in a long transaction"
     outcome = writers[0].communicate(timeout=60)[0].strip()

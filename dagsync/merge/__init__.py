@@ -1,0 +1,245 @@
+"""merge: copy every row of every source into a target, losing nothing.
+
+One engine merges every table of a format, driven by the format's table
+descriptions (``dagsync/formats``): how a table is keyed decides how its rows
+are matched - each key kind is a module of this package - and its foreign
+keys decide which columns are rewritten and the order tables go in. For
+each source:
+
+1. **Check** the source as untrusted input (its tables now, every page with
+   ``quick_check`` in a background thread that the first write waits for:
+   ``db.SourceChecks``), then attach it read-only to the target's connection
+   (``core.SourceMerge``).
+2. **Plan** every table in reference order (reads only; writes nothing but
+   temp tables): each key kind maps the source's rows onto the target's and
+   counts what is new; the dangling-reference checks refuse a row that would
+   point at nothing; conflicts (a key on both sides with different content)
+   are collected. Any conflict stops the merge here, before a write.
+3. **Apply** in the same order, handing every chunk to the target's
+   ``writer.Writer``: tables after the tables they reference and messages
+   parents-first, so that every commit point leaves no reference dangling
+   and a ``kill -9`` at any moment leaves a consistent file that a re-run
+   completes.
+4. **Report** what each table gained.
+
+The key kinds: ``messages`` (dag and hash messages), ``owned`` (rows copied
+with their message), ``integer`` (surrogate ids, natural keys, ids in JSON),
+``keyed`` (text keys and composite link rows), ``pointers`` (heads and tips:
+fast-forward, keep or fork), ``derived`` (full-text indexes). Re-running
+recomputes the plan from the files alone: rows already copied are found by
+key, so a second merge writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import apsw
+
+from dagsync import blobs, bookkeeping
+from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
+from dagsync.errors import DagsyncError, UnsupportedDatabase
+from dagsync.formats import Key, Table
+from dagsync.merge import derived, integer, keyed, messages, owned, pointers
+from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
+from dagsync.merge.references import check_dangling
+from dagsync.merge.report import MergeReport, SourceReport, TableReport
+from dagsync.writer import OpenedMeanwhile, Progress, Writer
+
+__all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
+
+# A live writer that inserts a colliding row between plan and apply makes an
+# insert fail, and another process opening the target mid-statement rolls a
+# long transaction back; either way the merge plans again from the files,
+# this many times in all.
+ATTEMPTS = 3
+
+
+def merge(
+    target: str | os.PathLike[str],
+    sources: list[str | os.PathLike[str]],
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> MergeReport:
+    """Merge each source into ``target``, in order; create ``target`` if it does not exist.
+
+    A missing target is created (0600) with the first source's format. Sources
+    are only read. With ``dry_run`` nothing is written anywhere and the report
+    says what a real run would add, map and fork.
+
+    :raises NotADatabase, UnsupportedDatabase: a file dagsync cannot read or trust.
+    :raises DamagedSource: a source whose parent links or references are broken.
+    :raises MergeConflict: a key with different content on the two sides.
+    """
+    started = time.perf_counter()
+    if not sources:
+        raise DagsyncError("no source databases given: merge TARGET SOURCE [SOURCE...]")
+    target = Path(target)
+    source_paths = [Path(s) for s in sources]
+    # Check every source before writing to the target, so a bad one late in
+    # the list cannot leave the target half-merged: the tables now, every
+    # page (quick_check) in the background while the first source is
+    # planned; nothing is written before both are done.
+    formats = []
+    for path in source_paths:
+        if target.exists() and path.exists() and os.path.samefile(target, path):
+            raise DagsyncError(f"{path} is the target itself; give another file as the source")
+        with open_unchecked_source(path) as src:
+            formats.append(src.format)
+    checks = SourceChecks(source_paths)
+    # An empty file is a target whose creation was interrupted: create it again.
+    created = not target.exists() or target.stat().st_size == 0
+    scratch = None
+    if created and dry_run:
+        # Plan against an empty database of the right format, then throw it away.
+        scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
+        target_db = open_target(Path(scratch) / "target.db", create=formats[0])
+    elif created:
+        target_db = open_target(target, create=formats[0])
+    else:
+        target_db = open_target(target)
+    writer = Writer(target_db.conn, progress, dry_run=dry_run)
+    reports: list[SourceReport] = []
+    try:
+        for path, fmt in zip(source_paths, formats, strict=True):
+            if fmt is not target_db.format:
+                raise UnsupportedDatabase(
+                    f"{path} is in the {fmt.name} format but {target} is in the "
+                    f"{target_db.format.name} format; dagsync merges files of the same format"
+                )
+            # Marked from before the plan (which maps rows onto the target's) to
+            # the end of the copy, so a gc beside it waits (bookkeeping.merging).
+            with bookkeeping.merging(target_db.path) if not dry_run else contextlib.nullcontext():
+                reports.append(_merge_source(target_db, path, checks, writer))
+    except BaseException:
+        target_db.close()
+        if created and not dry_run and not any(r.written for r in reports):
+            _remove_database(target)
+        raise
+    finally:
+        if scratch:
+            target_db.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+    target_db.close()
+    return MergeReport(str(target), created, dry_run, tuple(reports), round(time.perf_counter() - started, 3))
+
+
+def _remove_database(path: Path) -> None:
+    """Remove a target this run created and never wrote history to."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _merge_source(target: Database, source: Path, checks: SourceChecks, writer: Writer) -> SourceReport:
+    """One source into the target: plan, check, apply; planned again if the apply was cut short."""
+    for attempt in range(1, ATTEMPTS + 1):
+        run = SourceMerge(target, source, writer)
+        try:
+            return _attempt(run, checks)
+        except OpenedMeanwhile:
+            # A process opened the target in the middle of a long transaction,
+            # which was rolled back for its sake; what was committed before is
+            # consistent. Plan again from the files, and write politely from
+            # now on (the file stays marked as opened by another: once only).
+            if attempt == ATTEMPTS:
+                raise DagsyncError(
+                    f"another process kept opening {target.path} during the merge of {source}; "
+                    "everything merged so far is consistent - run the merge again"
+                ) from None
+        except apsw.ConstraintError as exc:
+            # Someone wrote a colliding row between plan and apply; every
+            # commit so far is consistent, so plan again from the files.
+            if attempt == ATTEMPTS:
+                raise DagsyncError(
+                    f"merging {source} into {target.path} kept colliding with rows written "
+                    f"meanwhile ({exc}); everything merged so far is consistent - run the merge again"
+                ) from exc
+        finally:
+            run.detach()
+    raise AssertionError("unreachable")
+
+
+def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
+    """Check, plan every table in reference order, apply in the same order, report."""
+    try:
+        run.attach()
+        _check_migrations(run)
+        order = [*run.order, *derived.tables(run)]
+        for step, table in enumerate(order):
+            run.progress(f"planning {table.name}", step, len(order))
+            kind = _kind(table)
+            kind.plan(run, table)
+            if kind is not derived:
+                check_dangling(run, table)
+            if table.pointer:
+                pointers.plan(run, table)
+        run.progress("planned", len(order), len(order))
+    except Exception:
+        checks.wait()  # a damaged page explains any error better
+        raise
+    # Every source's pages checked before anything is written.
+    checks.wait()
+    run.raise_conflicts()
+    if run.writer.dry_run:
+        return run.report()
+    # While nobody else has the target open, in long transactions.
+    with run.writer.session():
+        for step, table in enumerate(order):
+            run.progress(f"copying {table.name}", step, len(order))
+            _kind(table).apply(run, table)
+            if table.pointer:
+                pointers.apply(run, table)
+        run.progress("copied", len(order), len(order))
+        if run.target_packed:
+            # A packed target stays packed: what arrived inline is packed with
+            # the target's settings, blobs the source has copied by key.
+            blobs.pack_new_rows(run.db, run.writer, source_schema="src" if run.source_packed else None)
+    # Report what was done, which is what the plan said unless a live writer got there first.
+    for name, done in run.written.items():
+        counts = run.counts[name]
+        counts.added, counts.updated, counts.forked = done.added, done.updated, done.forked
+    return run.report()
+
+
+def _kind(table: Table) -> ModuleType:
+    """The module that merges ``table``: the kind of its key decides."""
+    if table.key in MESSAGE_KEYS:
+        return messages
+    if table.owner is not None:
+        return owned
+    if table.key is Key.INTEGER:
+        return integer
+    if table.key is Key.DERIVED:
+        return derived
+    return keyed  # text and composite keys; a pointer table's pointer is pointers'
+
+
+def _check_migrations(run: SourceMerge) -> None:
+    """A source migrated further than the target may hold what the target's schema cannot.
+
+    :raises UnsupportedDatabase: naming the migrations the target lacks.
+    """
+    gate = run.fmt.migration_gate
+    if not gate or "_llm_migrations" not in run.source_tables:
+        return
+    same = "name" if gate == "name" else "substr(name, 1, instr(name || '_', '_'))"
+    ahead = [
+        name for (name,) in run.conn.execute(
+            f"SELECT name FROM src._llm_migrations WHERE {same} NOT IN "
+            f"(SELECT {same} FROM main._llm_migrations) ORDER BY name"
+        )
+    ]  # fmt: skip
+    if ahead:
+        target = run.db.path
+        raise UnsupportedDatabase(
+            f"{run.source} was written by a newer llm than {target}: it has migration(s) "
+            f"{', '.join(ahead)} that {target} lacks; open {target} once with that newer llm "
+            f"(for example `llm logs -n 1 -d {target}`), which migrates it, then merge again"
+        )

@@ -1,0 +1,396 @@
+"""DAG messages, both kinds: mapped onto the target from the root down, copied parents first.
+
+**dag** messages (``Key.DAG_MESSAGE``) are keyed by a ULID; their identity is
+``(parent_id, content_hash)``. **llm** messages (``Key.HASH_MESSAGE``) are
+keyed by a Merkle hash over parent and content: the key is the identity.
+
+Planning maps every source message into ``temp.msg_map (src, dst, parent,
+depth, kind)``, parents before children, so that a message's parent's place
+in the target is known when the message is looked up:
+
+* SAME - the target has the message's own id, with the same parent and
+  identity: it is that row (one bounded pass settles all of these; in a
+  re-merge, everything);
+* MAPPED - the target has another row with the message's identity under its
+  mapped parent: the message is that row. Its parts are not copied, and its
+  children, calls and heads follow it there. This cascades: a mapped parent
+  makes its children collide too - the case plain ``INSERT OR IGNORE`` gets
+  wrong (every conversation that starts with the same system prompt on two
+  machines would lose its chain);
+* NEW - neither: it is copied, keeping its id. Two source rows with one
+  identity (a file without the unique index) become one, the smallest id,
+  as canonicalise would.
+
+Rounds of lookups go out one level at a time from what is settled; below a
+NEW message the target has nothing, so its descendants are settled at once.
+A message the rounds never reach has a missing parent or a cycle: the
+source is refused. Owned rows (the dag format's ``message_parts``,
+``owned.py``) are copied with their message, in its transaction.
+"""
+
+from __future__ import annotations
+
+from dagsync import bookkeeping
+from dagsync.errors import DamagedSource
+from dagsync.formats import Key, Table
+from dagsync.merge import owned as owned_rows
+from dagsync.merge.core import MAX_CONFLICTS_SHOWN, TOP, SourceMerge
+
+__all__ = ["MAPPED", "NEW", "SAME", "apply", "plan"]
+
+# Message kinds in temp.msg_map.
+SAME, MAPPED, NEW = 0, 1, 2
+
+
+def _conflict(src: str, id_parent: str, id_hash: str | None, parent: str, content_hash: str | None) -> str:
+    return (
+        f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
+        f"but (parent {parent}, hash {(content_hash or '')[:12]}) in the source"
+    )
+
+
+# -- plan ------------------------------------------------------------------------------
+
+
+def plan(run: SourceMerge, table: Table) -> None:
+    """Map every source message onto the target, parents before children."""
+    _read_source(run, table)
+    _settle_unchanged(run, table)
+    total = run.one("SELECT count(*) FROM temp.src_msg")
+    settled = _rounds(run, table, total)
+    _refuse_unreached(run, total)
+    _order_new(run, settled)
+    counts = run.counts[table.name]
+    for kind, n in run.conn.execute(f"SELECT kind, count(*) FROM temp.msg_map WHERE src != '{TOP}' GROUP BY kind"):
+        if kind == NEW:
+            counts.added = n
+        elif kind == MAPPED:
+            counts.mapped = n
+        else:
+            counts.existing = n
+
+
+def _read_source(run: SourceMerge, table: Table) -> None:
+    """``temp.src_msg``: each source message's key, parent and identity, by source rowid."""
+    key, parent = run.fmt.message_key, run.fmt.parent_column
+    identity = "content_hash" if table.key is Key.DAG_MESSAGE else key
+    run.conn.execute("CREATE TEMP TABLE src_msg (rid INTEGER PRIMARY KEY, id TEXT NOT NULL, parent_id TEXT, hash TEXT)")
+    for low, high in run.chunks("src.messages"):
+        run.conn.execute(
+            f"INSERT INTO temp.src_msg SELECT rowid, {key}, coalesce({parent}, '{TOP}'), {identity} "
+            f"FROM src.messages WHERE rowid BETWEEN ? AND ? AND {key} != '{TOP}'",
+            (low, high),
+        )
+    run.conn.execute(
+        "CREATE TEMP TABLE msg_map (src TEXT PRIMARY KEY, dst TEXT NOT NULL, parent TEXT NOT NULL, "
+        "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
+    )
+    run.conn.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
+    run.conn.execute(f"INSERT INTO temp.msg_map VALUES ('{TOP}', '{TOP}', '{TOP}', 0, 0)")
+
+
+def _settle_unchanged(run: SourceMerge, table: Table) -> None:
+    """A message the target holds under its own id, with the same parent and
+    identity, is that row whatever its depth (its parent is there too, by the
+    same token). One bounded pass settles all of those - in a re-merge, everything."""
+    key, parent = run.fmt.message_key, run.fmt.parent_column
+    if table.key is Key.DAG_MESSAGE:
+        unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash"
+    else:
+        unchanged = "1"  # the hash covers the parent: the same hash is the same message
+    # In key order, so the lookups walk the target's key index in order too.
+    run.conn.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
+    for low, high in run.chunks("temp.src_msg", "id"):
+        run.conn.execute(
+            f"INSERT INTO temp.msg_map SELECT s.id, s.id, s.parent_id, 0, {SAME} FROM temp.src_msg s "
+            f"JOIN main.messages t ON t.{key} = s.id WHERE s.id BETWEEN ? AND ? AND {unchanged} "
+            "ORDER BY s.id",
+            (low, high),
+        )
+
+
+def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
+    """Settle the rest, a level at a time out from what is settled; True when
+    the hash format settled it without rounds (every new message in order)."""
+    c = run.conn
+    key, parent = run.fmt.message_key, run.fmt.parent_column
+    if table.key is Key.DAG_MESSAGE:
+        # Identity is (parent, content_hash): look for it under the mapped parent.
+        identity = "content_hash"
+        match = (
+            "SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
+            f"AND t.content_hash = lvl.hash AND t.id != '{TOP}'"
+        )
+    else:
+        identity = key
+        match = f"SELECT t.{key} FROM main.messages t WHERE t.{key} = lvl.src"
+    c.execute(
+        "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, match TEXT, "
+        "id_exists INTEGER, id_parent TEXT, id_hash TEXT)"
+    )
+    c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
+    # "depth" counts rounds out from what is settled: a row's parent is
+    # always settled a round before it, so round order is parents first.
+    depth, done = 0, run.one("SELECT count(*) FROM temp.msg_map") - 1
+    # The first round starts from what is left unsettled (in a re-merge,
+    # nothing), not from everything settled so far; later rounds from the
+    # round before. In key order, so the lookups walk msg_map's key in order too.
+    c.execute(
+        "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
+        "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
+    )
+    settled = table.key is Key.HASH_MESSAGE and _all_new_in_order(run)
+    # Children are looked up by parent only below what is settled (in a
+    # re-merge, nothing is left), and only by the rounds.
+    if not settled and run.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
+        c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
+    if settled:
+        # Keyed by identity: what the target lacks is new, as itself, and
+        # the source's order already puts parents first. No rounds needed
+        # (the rounds are also what name a dangling parent or a cycle).
+        c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
+    # A new message's descendants are new (see _settle_below_new); only the
+    # hash format, whose key is the identity, settles them without rounds.
+    below_new = table.key is Key.DAG_MESSAGE
+    while not settled:
+        c.execute("DELETE FROM temp.lvl")
+        if depth == 0:
+            c.execute(
+                "INSERT INTO temp.lvl (src, p, hash) SELECT u.id, m.dst, u.hash FROM temp.unsettled u "
+                "JOIN temp.msg_map m ON m.src = u.parent_id"
+            )
+        else:
+            c.execute(
+                "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
+                "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
+                "(SELECT src FROM temp.msg_map)",
+                (depth,),
+            )
+        if run.changes() == 0:
+            break
+        for low, high in run.chunks("temp.lvl"):
+            # Look the level up in the target: by identity, and by id.
+            c.execute(
+                f"UPDATE temp.lvl SET match = ({match}), "
+                f"(id_exists, id_parent, id_hash) = (SELECT 1, coalesce(t.{parent}, '{TOP}'), t.{identity} "
+                f"FROM main.messages t WHERE t.{key} = lvl.src) "
+                "WHERE rowid BETWEEN ? AND ?",
+                (low, high),
+            )
+        for src, id_parent, id_hash, p, h in c.execute(
+            "SELECT src, id_parent, id_hash, p, hash FROM temp.lvl WHERE id_exists "
+            "AND (id_parent IS NOT p OR id_hash IS NOT hash) LIMIT ?",
+            (MAX_CONFLICTS_SHOWN * 10,),
+        ):
+            run.conflict(_conflict(src, id_parent, id_hash, p, h))
+        # The message's own id when the target has it unchanged; else the
+        # target's row with its identity; else a new row - the smallest
+        # source id among source rows with the same identity, so duplicates
+        # in a source without the unique index collapse as canonicalise would.
+        c.execute(
+            "INSERT INTO temp.msg_map (src, dst, parent, depth, kind) "
+            "SELECT src, dst, p, ?, CASE WHEN dst = src AND NOT found THEN ? "
+            "WHEN dst = src THEN ? ELSE ? END FROM ("
+            "  SELECT l.src, l.p, "
+            "  CASE WHEN l.id_exists AND l.id_parent IS l.p AND l.id_hash IS l.hash THEN l.src "
+            "       WHEN l.match IS NOT NULL THEN l.match "
+            "       ELSE (SELECT min(l2.src) FROM temp.lvl l2 WHERE l2.p = l.p AND l2.hash IS l.hash) "
+            "  END AS dst, "
+            "  (l.match IS NOT NULL OR coalesce(l.id_exists, 0)) AS found "
+            "  FROM temp.lvl l)",
+            (depth + 1, NEW, SAME, MAPPED),
+        )
+        done += run.one("SELECT count(*) FROM temp.lvl")
+        if below_new:
+            settled_below = _settle_below_new(run, depth + 1)
+            if settled_below is None:
+                below_new = False  # twins under a new parent: level by level from here
+            else:
+                done += settled_below
+        run.progress("mapping messages", done, total)
+        depth += 1
+    return settled
+
+
+def _settle_below_new(run: SourceMerge, depth: int) -> int | None:
+    """Settle every descendant of the messages the last round found new, at once.
+
+    Below a message the target lacks, the target has nothing (no row of it
+    has a parent it lacks), so no descendant can match one of its rows: each
+    is new, under its own parent, unless two siblings share an identity (a
+    source without the unique index), which the rounds collapse. Returns how
+    many were settled, or None when such twins are there (nothing is settled
+    then). A descendant whose id the target holds for another message is a
+    conflict, as in the rounds.
+    """
+    c = run.conn
+    c.execute("DROP TABLE IF EXISTS temp.below_new")
+    c.execute(
+        "CREATE TEMP TABLE below_new AS WITH RECURSIVE d(src, parent, hash, depth) AS ("
+        "  SELECT s.id, s.parent_id, s.hash, m.depth + 1 FROM temp.msg_map m "
+        "  JOIN temp.src_msg s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
+        "  AND NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id) "
+        "  UNION ALL "
+        "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.src_msg s ON s.parent_id = d.src "
+        "  WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id)"
+        ") SELECT src, parent, hash, depth FROM d",
+        (depth, NEW),
+    )
+    twins_below = run.one("SELECT 1 FROM temp.below_new GROUP BY parent, hash HAVING count(*) > 1 LIMIT 1")
+    # A twin the last round mapped onto a new message: its children must
+    # meet that message's children in one round.
+    twins_now = run.one(
+        "SELECT 1 FROM temp.msg_map m JOIN temp.msg_map n ON n.src = m.dst "
+        "WHERE m.depth = ? AND m.kind = ? AND n.kind = ? LIMIT 1",
+        (depth, MAPPED, NEW),
+    )
+    if twins_below or twins_now:
+        return None
+    for src, id_parent, id_hash, p, h in c.execute(
+        f"SELECT b.src, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, b.parent, b.hash "
+        f"FROM temp.below_new b JOIN main.messages t ON t.{run.fmt.message_key} = b.src LIMIT ?",
+        (MAX_CONFLICTS_SHOWN * 10,),
+    ):
+        run.conflict(_conflict(src, id_parent, id_hash, p, h))
+    # In key order: msg_map is keyed by src.
+    c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new ORDER BY src")
+    return run.changes()
+
+
+def _all_new_in_order(run: SourceMerge) -> bool:
+    """Every unsettled message's parent is settled or unsettled-and-earlier in
+    the source: no dangling parent, no cycle, and source order is parents first."""
+    run.conn.execute("CREATE INDEX temp.unsettled_id ON unsettled (id, rid)")  # covering: no row fetched
+    # The earlier-unsettled parent first: it is most messages' (new chains).
+    out_of_order = run.one(
+        "SELECT count(*) FROM temp.unsettled u WHERE u.parent_id != ? "
+        "AND NOT EXISTS (SELECT 1 FROM temp.unsettled p WHERE p.id = u.parent_id AND p.rid < u.rid) "
+        "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.parent_id)",
+        (TOP,),
+    )
+    return out_of_order == 0
+
+
+def _refuse_unreached(run: SourceMerge, total: int) -> None:
+    """:raises DamagedSource: messages the rounds never reached (a missing parent, a cycle)."""
+    # Every map row but the root's is a settled source message.
+    unreachable = total - (run.one("SELECT count(*) FROM temp.msg_map") - 1)
+    if not unreachable:
+        return
+    example, parent = next(iter(run.conn.execute(
+        "SELECT id, parent_id FROM temp.src_msg WHERE id NOT IN (SELECT src FROM temp.msg_map) "
+        "ORDER BY id LIMIT 1"
+    )))  # fmt: skip
+    dangling = run.one(
+        f"SELECT count(*) FROM temp.src_msg s WHERE s.parent_id != '{TOP}' AND NOT EXISTS "
+        "(SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id)"
+    )
+    why = "a parent that does not exist" if dangling else "a cycle in the parent links"
+    raise DamagedSource(
+        f"{run.source}: {unreachable} message(s) do not lead back to the root "
+        f"({why}; for example message {example} has parent {parent}); "
+        "nothing was merged - run `dagsync verify` on the source"
+    )
+
+
+def _order_new(run: SourceMerge, settled: bool) -> None:
+    """``temp.msg_new``: the messages to insert, parents first; ``temp.msg_moved``:
+    the ones mapped onto another row, where references to them go."""
+    c = run.conn
+    c.execute("CREATE TEMP TABLE msg_new (seq INTEGER PRIMARY KEY, src TEXT NOT NULL, parent TEXT NOT NULL)")
+    # Parents first, so every commit leaves each one's parent in place. The
+    # source's own row order is that order in any file written a message at a
+    # time (and it is the order of the ids, so inserts land near each other
+    # in every index); where it is not, depth order is.
+    if settled:
+        # Without rounds: every unsettled message is new, and
+        # _all_new_in_order found each one's parent settled or earlier.
+        c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
+    else:
+        backwards = run.one(
+            "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
+            "JOIN temp.msg_map p ON p.src = cs.parent_id JOIN temp.src_msg ps ON ps.id = cs.parent_id "
+            "WHERE c.kind = ? AND p.kind = ? AND ps.rid > cs.rid",
+            (NEW, NEW),
+        )
+        order = "s.rid" if not backwards else "m.depth, m.src"
+        c.execute(
+            "INSERT INTO temp.msg_new (src, parent) SELECT m.src, m.parent FROM temp.msg_map m "
+            f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
+            (NEW,),
+        )
+    # Where a reference to a message goes: elsewhere only if it was mapped.
+    c.execute("CREATE TEMP TABLE msg_moved (src TEXT PRIMARY KEY, dst TEXT NOT NULL) WITHOUT ROWID")
+    c.execute("INSERT INTO temp.msg_moved SELECT src, dst FROM temp.msg_map WHERE kind = ? ORDER BY src", (MAPPED,))
+    run.moved = run.changes()
+    # "Is this message new?" is asked of every part and reference.
+    c.execute("CREATE UNIQUE INDEX temp.msg_new_src ON msg_new (src)")
+
+
+# -- apply ------------------------------------------------------------------------------
+
+
+def apply(run: SourceMerge, table: Table) -> None:
+    """Insert the new messages and their owned rows, parents first, then record the map."""
+    c = run.conn
+    cols = run.columns[table.name]
+    key, parent = run.fmt.message_key, run.fmt.parent_column
+    top = "n.parent" if run.fmt.root_id == TOP else f"NULLIF(n.parent, '{TOP}')"
+    select = ", ".join(top if col == parent else f's."{col}"' for col in cols)
+    owned = [t for t in run.order if t.owner and t.owner[1] == table.name]
+    for low, high in run.chunks("temp.msg_new", "seq", "copying messages", writes=True):
+        # Parents first (msg_new's order) from one transaction to the next, so
+        # every commit leaves each inserted message's parent in place. Inside
+        # one, the order is free (_insert_order).
+        with run.writer.transaction():
+            c.execute(
+                f"INSERT INTO main.messages ({run.column_list(table)}) SELECT {select} "
+                f"FROM temp.msg_new n JOIN src.messages s ON s.{key} = n.src "
+                f"WHERE n.seq BETWEEN ? AND ? ORDER BY {_insert_order(run, table)}",
+                (low, high),
+            )
+            run.written[table.name].added += run.changes()
+            for part in owned:
+                owned_rows.copy(run, part, low, high)
+    _record_map(run)
+
+
+def _insert_order(run: SourceMerge, table: Table) -> str:
+    """The order to insert one transaction's new messages in.
+
+    llm's messages are keyed by a hash, so in key order each page of the
+    key's index is visited once. dag messages are keyed by ULIDs, in time
+    order like the source's rows; there, ordering by the one random index
+    (content_hash) measured slower, as the others lose their order.
+    """
+    return f"s.{run.fmt.message_key}" if table.key is Key.HASH_MESSAGE else "n.seq"
+
+
+def _record_map(run: SourceMerge) -> None:
+    """Record where each mapped message went, for holders of its old id
+    (``_dagsync_message_map``), and carry over the source's own records."""
+    c = run.conn
+    source_map = bookkeeping.has(c, "_dagsync_message_map", "src")
+    if not (run.moved or source_map):
+        return
+    with run.writer.transaction():
+        bookkeeping.ensure(c)
+    for low, high in run.chunks("temp.msg_moved", "src", writes=True):
+        with run.writer.transaction():
+            c.execute(
+                "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
+                "SELECT src, dst FROM temp.msg_moved WHERE src BETWEEN ? AND ?",
+                (low, high),
+            )
+    if source_map:
+        # The source's own records of old ids, carried over to where they
+        # landed - unless the old id is itself a message here.
+        for low, high in run.chunks("src._dagsync_message_map", writes=True):
+            with run.writer.transaction():
+                c.execute(
+                    "INSERT OR IGNORE INTO main._dagsync_message_map (source_id, target_id) "
+                    "SELECT s.source_id, m.dst FROM src._dagsync_message_map s "
+                    "JOIN temp.msg_map m ON m.src = s.target_id WHERE s.rowid BETWEEN ? AND ? "
+                    f"AND NOT EXISTS (SELECT 1 FROM main.messages t WHERE t.{run.fmt.message_key} = s.source_id)",
+                    (low, high),
+                )

@@ -1,0 +1,51 @@
+"""What a merge reports: per table, per source, and for the whole run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Counts", "MergeReport", "SourceReport", "TableReport"]
+
+
+@dataclass(frozen=True)
+class TableReport:
+    table: str
+    added: int = 0  # rows copied into the target
+    mapped: int = 0  # rows found in the target under another key
+    existing: int = 0  # rows the target already had
+    updated: int = 0  # pointers fast-forwarded
+    forked: int = 0  # fork rows added for pointers that diverged
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    source: str
+    format: str
+    tables: tuple[TableReport, ...]
+
+    def table(self, name: str) -> TableReport:
+        return next(t for t in self.tables if t.table == name)
+
+    @property
+    def written(self) -> int:
+        return sum(t.added + t.updated + t.forked for t in self.tables)
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    target: str
+    created: bool
+    dry_run: bool
+    sources: tuple[SourceReport, ...]
+    seconds: float
+
+
+@dataclass
+class Counts:
+    """A table's figures as a merge plans and then writes them (a TableReport in the making)."""
+
+    added: int = 0
+    mapped: int = 0
+    existing: int = 0
+    updated: int = 0
+    forked: int = 0
