@@ -57,6 +57,7 @@ import functools
 import json
 import os
 import sqlite3
+import statistics
 import sys
 import threading
 import time
@@ -188,19 +189,36 @@ def ensure_subject(data: Path, fmt: str, conversations: int, seed: int, every: i
 # -- children: one measurement each ---------------------------------------------------------
 
 
-# gc's steps (methods of dagsync.gc._Gc, and _vacuum), timed by wrapping them in
-# the child: exact where the progress phases are not (gc reports progress after
-# each chunk, so a phase's first chunk is counted in the row before it). Nested
-# steps (protect and delete inside sweep, say) are also inside their caller's time.
-STEPS = (
-    "mark_messages", "mark_candidates", "mark_shared", "dying", "sweep", "mark_dying_as_old", "protect",
-    "delete_owned", "delete", "count", "sweep_shared", "record", "tables", "drop_temp",
-)  # fmt: skip
+# gc's steps, timed by wrapping them in the child: exact where the progress
+# phases are not (gc reports progress after each chunk, so a phase's first
+# chunk is counted in the row before it). Nested steps (protect and delete
+# inside sweep, say) are also inside their caller's time. Each step is found
+# where this checkout keeps it: a function of dagsync.gc.mark or
+# dagsync.gc.sweep, a method of dagsync.gc.run.GcRun, or (in checkouts from
+# before gc was a package) a method of dagsync.gc._Gc.
+STEPS = {
+    "mark_messages": ("dagsync.gc.mark:_messages", "dagsync.gc:_Gc.mark_messages"),
+    "mark_candidates": ("dagsync.gc.mark:_candidates", "dagsync.gc:_Gc.mark_candidates"),
+    "mark_shared": ("dagsync.gc.mark:_shared", "dagsync.gc:_Gc.mark_shared"),
+    "dying": ("dagsync.gc.mark:dying", "dagsync.gc:_Gc.dying"),
+    "sweep": ("dagsync.gc.sweep:sweep", "dagsync.gc:_Gc.sweep"),
+    "mark_dying_as_old": ("dagsync.gc.sweep:_mark_dying_as_old", "dagsync.gc:_Gc.mark_dying_as_old"),
+    "protect": ("dagsync.gc.sweep:_protect", "dagsync.gc:_Gc.protect"),
+    "delete_owned": ("dagsync.gc.sweep:_delete_owned", "dagsync.gc:_Gc.delete_owned"),
+    "delete": ("dagsync.gc.run:GcRun.delete", "dagsync.gc:_Gc.delete"),
+    "sweep_shared": ("dagsync.gc.sweep:sweep_shared", "dagsync.gc:_Gc.sweep_shared"),
+    "record": ("dagsync.gc.sweep:record", "dagsync.gc:_Gc.record"),
+    "tables": ("dagsync.gc.run:GcRun.tables", "dagsync.gc:_Gc.tables"),
+    "drop_temp": ("dagsync.gc.run:GcRun.drop_temp", "dagsync.gc:_Gc.drop_temp"),
+    # The vacuum after the collection, whatever gc calls it.
+    "vacuum": ("dagsync.gc:vacuum_file", "dagsync.gc:_vacuum"),
+    "open_target": ("dagsync.gc:open_target",),
+}
 
 
 def time_steps(steps: dict[str, list]) -> None:
-    """Wrap gc's step methods so each call adds to ``steps`` ({name: [seconds, calls]})."""
-    import dagsync.gc as gc_module
+    """Wrap gc's steps so each call adds to ``steps`` ({name: [seconds, calls]})."""
+    import importlib
 
     def timed(name: str, fn):
         @functools.wraps(fn)
@@ -215,15 +233,19 @@ def time_steps(steps: dict[str, list]) -> None:
 
         return wrapper
 
-    for name in STEPS:
-        if hasattr(gc_module._Gc, name):
-            setattr(gc_module._Gc, name, timed(name, getattr(gc_module._Gc, name)))
-    # The vacuum after the collection, whatever gc calls it.
-    for name in ("_vacuum", "vacuum_file"):
-        if callable(getattr(gc_module, name, None)):
-            setattr(gc_module, name, timed("vacuum", getattr(gc_module, name)))
-    if hasattr(gc_module, "open_target"):
-        gc_module.open_target = timed("open_target", gc_module.open_target)
+    for name, places in STEPS.items():
+        for place in places:
+            module_name, _, attribute = place.partition(":")
+            try:
+                owner = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            *path, last = attribute.split(".")
+            for part in path:
+                owner = getattr(owner, part, None)
+            if callable(getattr(owner, last, None)):
+                setattr(owner, last, timed(name, getattr(owner, last)))
+                break
 
 
 def child_gc(target: str, vacuum: bool, statements: bool, now: float | None) -> dict:
@@ -295,7 +317,9 @@ def child_gc(target: str, vacuum: bool, statements: bool, now: float | None) -> 
     return out
 
 
-def run_gc_child(target: Path, now: float | None, vacuum: bool = False, statements: bool = False) -> dict:
+def run_gc_child(
+    target: Path, now: float | None, vacuum: bool = False, statements: bool = False, root: Path = ROOT
+) -> dict:
     args = ["gc", str(target)]
     if now is not None:
         args += ["--now", repr(now)]
@@ -303,7 +327,7 @@ def run_gc_child(target: Path, now: float | None, vacuum: bool = False, statemen
         args.append("--vacuum")
     if statements:
         args.append("--statements")
-    return bench.run_script_child(__file__, args, "gc")
+    return bench.run_script_child(__file__, args, "gc", root)
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -473,6 +497,67 @@ def bench_run(args: argparse.Namespace, conversations: int) -> dict:
     return result
 
 
+def compare(args: argparse.Namespace, conversations: int) -> dict:
+    """``--baseline``: rounds of the floor and of gc on a fresh copy of the subject
+    with this checkout's dagsync and with the baseline's, in alternating order;
+    each ratio is taken within its round, the medians reported."""
+    fmt = args.format
+    subject, first, second, _ = ensure_subject(args.data, fmt, conversations, args.seed, args.every)
+    work = args.data / "work"
+    floor_db, gc_db = work / f"gc-floor-{fmt}-n{conversations}.db", work / f"gc-compare-{fmt}-n{conversations}.db"
+    offset = 0.0 if args.real_clock else gc_clock_offset(subject)
+    now = None if not offset else time.time() + offset
+    rounds = []
+    try:
+        for n in range(1, args.repeat + 1):
+            log(f"[comparison round {n}/{args.repeat}] floor")
+            bench.fresh_copy(first, floor_db)
+            floor = bench.run_child("floor", floor_db, second)["seconds"]
+            unlink_db(floor_db)
+            measured = {"floor_seconds": round(floor, 3)}
+            for which, root in bench.trees(args.baseline, n):
+                which = which.strip() or "this"
+                bench.fresh_copy(subject, gc_db)
+                runs = [run_gc_child(gc_db, now, root=root)]
+                if fmt == "llm":  # the first run only records; the second deletes
+                    os.sync()
+                    runs.append(run_gc_child(gc_db, now, root=root))
+                unlink_db(gc_db)
+                deleting = max(runs, key=lambda r: r["report"]["deleted"])
+                measured[which] = {
+                    "gc_seconds": round(deleting["seconds"], 3),
+                    "total_seconds": round(sum(r["seconds"] for r in runs), 3),
+                    "deleted": sum(r["report"]["deleted"] for r in runs),
+                    "dagsync_path": runs[0]["dagsync_path"],
+                }
+                log(f"  {which}: gc {deleting['seconds']:.2f}s = {deleting['seconds'] / floor:.2f}x the floor ({floor:.2f}s)")
+            rounds.append(measured)
+    finally:
+        unlink_db(floor_db)
+        unlink_db(gc_db)
+
+    def median(key: str, which: str) -> float:
+        return round(statistics.median(r[which][key] / r["floor_seconds"] for r in rounds), 2)
+
+    return {
+        "rounds": rounds,
+        "baseline_dagsync": bench.dagsync_version(args.baseline),
+        **{f"{which}_{key}_ratio": median(f"{key}_seconds", which) for which in ("this", "baseline") for key in ("gc", "total")},
+    }
+
+
+def print_comparison(c: dict, fmt: str, out=sys.stdout) -> None:
+    say = functools.partial(print, file=out)
+    say(f"\n== gc against the baseline {c['baseline_dagsync']}, {len(c['rounds'])} rounds, alternating (x floor, medians)")
+    say(f"  this:     gc {c['this_gc_ratio']:.2f}x" + (f", both runs {c['this_total_ratio']:.2f}x" if fmt == "llm" else ""))
+    say(f"  baseline: gc {c['baseline_gc_ratio']:.2f}x" + (f", both runs {c['baseline_total_ratio']:.2f}x" if fmt == "llm" else ""))
+    for i, r in enumerate(c["rounds"], 1):
+        say(
+            f"    round {i}: floor {r['floor_seconds']:.2f}s, this {r['this']['gc_seconds']:.2f}s, "
+            f"baseline {r['baseline']['gc_seconds']:.2f}s; deleted {r['this']['deleted']:,} / {r['baseline']['deleted']:,}"
+        )
+
+
 # -- output ---------------------------------------------------------------------------------
 
 
@@ -585,6 +670,12 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the run on a file already in incremental auto-vacuum mode",
     )  # fmt: skip
     parser.add_argument("--phases", action="store_true", help="also print gc's progress phases with their times")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help="instead of the full run: rounds of floor and gc with this checkout and the dagsync of DIR "
+        "(e.g. `git worktree add DIR COMMIT`), alternating",
+    )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the --baseline comparison (default 3)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "TARGET"), help=argparse.SUPPRESS)
     parser.add_argument("--vacuum", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--now", type=float, help=argparse.SUPPRESS)
@@ -598,7 +689,16 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(child_gc(args.child[1], args.vacuum, args.statements, args.now), sys.stdout)
         return 0
     args.data.mkdir(parents=True, exist_ok=True)
-    result = bench_run(args, bench.QUICK_CONVERSATIONS if args.quick else args.conversations)
+    conversations = bench.QUICK_CONVERSATIONS if args.quick else args.conversations
+    if args.baseline:
+        args.baseline = args.baseline.resolve()
+        comparison = compare(args, conversations)
+        if args.json:
+            json.dump({"python": sys.version.split()[0], "comparison": comparison}, sys.stdout, indent=2)
+            print()
+        print_comparison(comparison, args.format, sys.stderr if args.json else sys.stdout)
+        return 0
+    result = bench_run(args, conversations)
     if args.json:
         json.dump({"python": sys.version.split()[0], "results": [result]}, sys.stdout, indent=2)
         print()

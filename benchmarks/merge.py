@@ -62,14 +62,14 @@ GOAL_RSS_MB = 200
 # -- helpers ----------------------------------------------------------------------
 
 
-def dagsync_version() -> str:
-    """The commit measured, marked dirty when dagsync/ has uncommitted changes."""
+def dagsync_version(root: Path = ROOT) -> str:
+    """The commit measured (of the checkout at ``root``), marked dirty when dagsync/ has uncommitted changes."""
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "dagsync"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "status", "--porcelain", "--", "dagsync"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -346,12 +346,13 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_script_child(script: str, args: list[str], label: str) -> dict:
+def run_script_child(script: str, args: list[str], label: str, root: Path = ROOT) -> dict:
     """Run ``python SCRIPT --child ARGS...`` (one measurement in its own process,
     so its peak memory is its own) and return the JSON it prints, with the
-    child's wall time, interpreter start-up and imports included."""
+    child's wall time, interpreter start-up and imports included. The child
+    imports dagsync from the checkout at ``root`` (``--baseline``: another commit's)."""
     cmd = [sys.executable, str(Path(script).resolve()), "--child", *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
@@ -362,14 +363,25 @@ def run_script_child(script: str, args: list[str], label: str) -> dict:
     return result
 
 
-def run_child(kind: str, target: Path, source: Path, statements: bool = False, cache_mib: int | None = None) -> dict:
-    """One floor or merge measurement in a child process."""
+def run_child(
+    kind: str, target: Path, source: Path, statements: bool = False, cache_mib: int | None = None, root: Path = ROOT
+) -> dict:
+    """One floor or merge measurement in a child process (dagsync from ``root``)."""
     args = [kind, str(target), str(source)]
     if statements:
         args.append("--statements")
     if cache_mib:
         args += ["--floor-cache-mib", str(cache_mib)]
-    return run_script_child(__file__, args, kind)
+    return run_script_child(__file__, args, kind, root)
+
+
+def trees(baseline: Path | None, round_number: int) -> list[tuple[str, Path]]:
+    """The checkouts a round measures, in the order it measures them: with a
+    baseline, they alternate from round to round, so neither always goes first."""
+    if baseline is None:
+        return [("", ROOT)]
+    pair = [("", ROOT), ("baseline ", baseline)]
+    return pair if round_number % 2 else pair[::-1]
 
 
 # -- one scale ---------------------------------------------------------------------------
@@ -377,7 +389,7 @@ def run_child(kind: str, target: Path, source: Path, statements: bool = False, c
 
 def bench_scale(
     data: Path, conversations: int, seed: int, keep: bool, statements: bool, floor_cache_mib: int | None,
-    repeat: int = 1, keeping_floor: bool = False,
+    repeat: int = 1, keeping_floor: bool = False, baseline: Path | None = None,
 ) -> dict:  # fmt: skip
     laptop1, laptop2, meta = ensure_family(data, conversations, seed)
     work = data / "work"
@@ -392,7 +404,7 @@ def bench_scale(
     try:
         return measure(
             laptop1, laptop2, floor_db, merge_db, meta, conversations, seed, statements, floor_cache_mib, repeat,
-            keeping_db,
+            keeping_db, baseline,
         )  # fmt: skip
     finally:
         if not keep:
@@ -406,15 +418,20 @@ def bench_scale(
 def measure(
     laptop1: Path, laptop2: Path, floor_db: Path, merge_db: Path, meta: dict, conversations: int, seed: int,
     statements: bool, floor_cache_mib: int | None, repeat: int, keeping_db: Path | None = None,
+    baseline: Path | None = None,
 ) -> dict:  # fmt: skip
     """``repeat`` rounds of floor, (keeping floor,) merge, re-merge, one after another.
 
     Each ratio is taken within a round (the floor and the merge measured
     seconds apart, under the same machine weather), and the figures reported
-    are the medians over the rounds; every round is in the JSON.
+    are the medians over the rounds; every round is in the JSON. With a
+    ``baseline`` checkout, each round also merges and re-merges with its
+    dagsync, the two in alternating order, and the same figures are given
+    for it under ``baseline``.
     """
     version = dagsync_version()
     rounds = []
+    base_rounds = []
     keepings: list[dict | None] = []
     for n in range(1, repeat + 1):
         label = f"[round {n}/{repeat}] " if repeat > 1 else ""
@@ -430,19 +447,24 @@ def measure(
             keeping = run_child("keeping-floor", keeping_db, laptop2, cache_mib=floor_cache_mib)
             log(f"  {keeping['seconds']:.2f}s ({keeping['seconds'] / floor['seconds']:.2f}x the floor)")
 
-        log(f"{label}merge: copy, then dagsync.merge.merge(copy, [{laptop2.name}])")
-        fresh_copy(laptop1, merge_db)
-        merged = run_child("merge", merge_db, laptop2, statements)
-        log(f"  {merged['seconds']:.2f}s ({merged['seconds'] / floor['seconds']:.2f}x), peak RSS {merged['peak_rss_mb']} MB")
+        measured = {}
+        for which, root in trees(baseline, n):
+            log(f"{label}{which}merge: copy, then dagsync.merge.merge(copy, [{laptop2.name}])")
+            fresh_copy(laptop1, merge_db)
+            merged = run_child("merge", merge_db, laptop2, statements, root=root)
+            log(f"  {merged['seconds']:.2f}s ({merged['seconds'] / floor['seconds']:.2f}x), peak RSS {merged['peak_rss_mb']} MB")
 
-        log(f"{label}re-merge: the same source into the merged copy again")
-        os.sync()
-        remerged = run_child("merge", merge_db, laptop2, statements)
-        log(
-            f"  {remerged['seconds']:.2f}s ({remerged['seconds'] / floor['seconds']:.2f}x), "
-            f"peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows"
-        )
-        rounds.append((floor, merged, remerged))
+            log(f"{label}{which}re-merge: the same source into the merged copy again")
+            os.sync()
+            remerged = run_child("merge", merge_db, laptop2, statements, root=root)
+            log(
+                f"  {remerged['seconds']:.2f}s ({remerged['seconds'] / floor['seconds']:.2f}x), "
+                f"peak RSS {remerged['peak_rss_mb']} MB, wrote {remerged['written']} rows"
+            )
+            measured[which] = (floor, merged, remerged)
+        rounds.append(measured[""])
+        if baseline is not None:
+            base_rounds.append(measured["baseline "])
         keepings.append(keeping)
 
     def median(values: list[float]) -> float:
@@ -483,6 +505,24 @@ def measure(
         result["merge_ratio_keeping"] = round(median([m["seconds"] / k["seconds"] for (_, m, _), k in pairs]), 2)
         result["remerge_ratio_keeping"] = round(median([r["seconds"] / k["seconds"] for (_, _, r), k in pairs]), 2)
         result["rows_after"]["keeping_floor"] = sum(table_rows(keeping_db).values())
+    if baseline is not None:
+        result["baseline"] = {
+            "dagsync": dagsync_version(baseline),
+            "dagsync_path": base_rounds[-1][1]["dagsync_path"],
+            "rounds": [
+                {"merge_seconds": round(m["seconds"], 3), "remerge_seconds": round(r["seconds"], 3)}
+                for _, m, r in base_rounds
+            ],
+            "merge_seconds": median([m["seconds"] for _, m, _ in base_rounds]),
+            "merge_ratio": round(median([m["seconds"] / f["seconds"] for f, m, _ in base_rounds]), 2),
+            "merge_peak_rss_mb": max(m["peak_rss_mb"] for _, m, _ in base_rounds),
+            "remerge_seconds": median([r["seconds"] for _, _, r in base_rounds]),
+            "remerge_ratio": round(median([r["seconds"] / f["seconds"] for f, _, r in base_rounds]), 2),
+            "remerge_peak_rss_mb": max(r["peak_rss_mb"] for _, _, r in base_rounds),
+            # This checkout's time over the baseline's, within each round.
+            "merge_speedup": round(median([bm["seconds"] / m["seconds"] for (_, m, _), (_, bm, _) in zip(rounds, base_rounds, strict=True)]), 3),
+            "remerge_speedup": round(median([br["seconds"] / r["seconds"] for (_, _, r), (_, _, br) in zip(rounds, base_rounds, strict=True)]), 3),
+        }
     return result
 
 
@@ -525,6 +565,14 @@ def print_scale(r: dict, out=sys.stdout) -> None:
         say(
             f"  against the keeping floor: merge {r['merge_ratio_keeping']:.2f}x, "
             f"re-merge {r['remerge_ratio_keeping']:.2f}x"
+        )
+    if "baseline" in r:
+        b = r["baseline"]
+        say(
+            f"  baseline {b['dagsync']} ({b['dagsync_path']}), the same rounds, alternating: "
+            f"merge {b['merge_seconds']:.2f}s = {b['merge_ratio']:.2f}x, re-merge {b['remerge_seconds']:.2f}s = "
+            f"{b['remerge_ratio']:.2f}x; baseline time / this time: merge {b['merge_speedup']:.3f}, "
+            f"re-merge {b['remerge_speedup']:.3f}"
         )
     rows = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in r["rows_after"].items())
     say(f"  rows after: {rows}")
@@ -582,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the floor that keeps every row: integer-keyed rows get new ids instead of being "
         "dropped (default: on for --format llm, whose floor drops them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help="also merge with the dagsync of this checkout (e.g. `git worktree add DIR COMMIT`), "
+        "alternating with this one in every round",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -607,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_scale(
             args.data, n, args.seed, args.keep, args.statements, args.floor_cache_mib, 1 if args.quick else args.repeat,
             args.keeping_floor if args.keeping_floor is not None else FORMAT == "llm",
+            args.baseline.resolve() if args.baseline else None,
         )  # fmt: skip
         for n in scales
     ]

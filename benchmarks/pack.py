@@ -95,7 +95,12 @@ def child_raw(path: str, level: int, threshold: int) -> dict:
 
 def child_pack(path: str, level: int, threshold: int) -> dict:
     from dagsync.blobs import pack
-    from dagsync.db import open_target, vacuum
+    from dagsync.db import open_target
+
+    try:
+        from dagsync.vacuum import vacuum
+    except ImportError:  # a --baseline checkout from before vacuum.py
+        from dagsync.db import vacuum
 
     before = os.path.getsize(path)
     started = time.perf_counter()
@@ -178,9 +183,35 @@ def child_sqlite(path: str, level: int, threshold: int, distinct: int = 0, store
 CHILDREN = {"raw": child_raw, "pack": child_pack, "dictionary": child_dictionary, "sqlite": child_sqlite}
 
 
-def run_child(kind: str, path: Path, level: int, threshold: int, *extra: int) -> dict:
+def run_child(kind: str, path: Path, level: int, threshold: int, *extra: int, root: Path = ROOT) -> dict:
     args = [kind, str(path), str(level), str(threshold), *map(str, extra)]
-    return merge_bench.run_script_child(__file__, args, kind)
+    return merge_bench.run_script_child(__file__, args, kind, root)
+
+
+def compare(args: argparse.Namespace, source: Path, copy: Path) -> dict:
+    """``--baseline``: rounds of raw zstandard and of pack on a fresh copy with this
+    checkout's dagsync and with the baseline's, in alternating order; the
+    throughput ratio (pack MB/s over raw MB/s) is taken within each round."""
+    import statistics
+
+    rounds = []
+    for n in range(1, args.repeat + 1):
+        raw = run_child("raw", source, args.level, args.threshold)
+        measured = {"raw_seconds": raw["seconds"], "raw_mb_per_s": raw["mb_per_s"]}
+        for which, root in merge_bench.trees(args.baseline, n):
+            which = which.strip() or "this"
+            merge_bench.fresh_copy(source, copy)
+            p = run_child("pack", copy, args.level, args.threshold, root=root)
+            measured[which] = {k: p[k] for k in ("seconds", "mb_per_s", "file_after", "peak_rss_mb")}
+            measured[which]["ratio"] = round(p["mb_per_s"] / raw["mb_per_s"], 3)
+            merge_bench.log(f"[round {n}] {which}: pack {p['seconds']}s, {p['mb_per_s']} MB/s = {measured[which]['ratio']}x raw")
+        rounds.append(measured)
+    return {
+        "rounds": rounds,
+        "baseline_dagsync": merge_bench.dagsync_version(args.baseline),
+        **{f"{w}_throughput_ratio": round(statistics.median(r[w]["ratio"] for r in rounds), 2) for w in ("this", "baseline")},
+        **{f"{w}_pack_seconds": round(statistics.median(r[w]["seconds"] for r in rounds), 2) for w in ("this", "baseline")},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thresholds", default=None, help="Comma-separated: file size after pack + vacuum for each.")
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help="instead of the full run: rounds of raw zstandard and pack with this checkout and the dagsync of "
+        "DIR (e.g. `git worktree add DIR COMMIT`), alternating",
+    )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the --baseline comparison (default 3)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # KIND PATH LEVEL THRESHOLD [N...]
     args = parser.parse_args(argv)
     if args.child:
@@ -211,6 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = sum(merge_bench.table_rows(source).values())
     results: dict = {"format": args.format, "conversations": conversations, "rows": rows, "level": args.level}
 
+    if args.baseline:
+        args.baseline = args.baseline.resolve()
+        c = compare(args, source, copy)
+        copy.unlink(missing_ok=True)
+        if args.json:
+            print(json.dumps(c, indent=2))
+            return 0
+        print(f"pack against the baseline {c['baseline_dagsync']}, {args.format} format, {rows:,} rows, {args.repeat} rounds:")
+        for w in ("this", "baseline"):
+            print(f"  {w}: pack {c[w + '_pack_seconds']}s, throughput {c[w + '_throughput_ratio']}x raw zstandard (median)")
+        return 0
     if args.thresholds:
         sizes = {}
         for threshold in (int(t) for t in args.thresholds.split(",")):

@@ -59,19 +59,18 @@ def canonicalise(path: str | os.PathLike[str], *, dry_run: bool = False) -> Cano
                 "dag format only (llm-format messages are keyed by content already)"
             )
         writer = Writer(db.conn, dry_run=dry_run)
+        # Planned again from the file if a long transaction had to give way;
+        # the report is the first plan's: the job it set out to do.
         planned: list[CanonicaliseReport] = []
-
-        def collapse() -> None:
-            # Planned again from the file if a long transaction had to give way;
-            # the report is the first plan's: the job it set out to do.
-            report = _canonicalise(writer, str(db.path), dry_run)
-            planned.append(planned[0] if planned else report)
-
-        writer.redo(collapse, "canonicalising it")
-        return dataclasses.replace(planned[0], seconds=round(time.perf_counter() - started, 3))
+        index_created = writer.redo(lambda: _canonicalise(writer, str(db.path), dry_run, planned), "canonicalising it")
+        return dataclasses.replace(
+            planned[0], index_created=index_created, seconds=round(time.perf_counter() - started, 3)
+        )
 
 
-def _canonicalise(writer: Writer, path: str, dry_run: bool) -> CanonicaliseReport:
+def _canonicalise(writer: Writer, path: str, dry_run: bool, planned: list[CanonicaliseReport]) -> bool:
+    """Plan (into ``planned``, the first time) and collapse; whether the unique index
+    is (or, in a dry run, would be) created."""
     c = writer.conn
     one = writer.one
     has_index = bool(one(
@@ -81,6 +80,9 @@ def _canonicalise(writer: Writer, path: str, dry_run: bool) -> CanonicaliseRepor
         "SELECT count(*) FROM (SELECT 1 FROM messages WHERE id != 'root' "
         "GROUP BY parent_id, content_hash HAVING count(*) > 1)"
     )
+    # What an attempt that gave way dropped inside the transaction then rolled back.
+    for table in ("cmap", "clvl", "losers"):
+        c.execute(f"DROP TABLE IF EXISTS temp.{table}")
     # Map every message to its survivor, parents first: a message's
     # identity is (its parent's survivor, its hash).
     c.execute("CREATE TEMP TABLE cmap (src TEXT PRIMARY KEY, dst TEXT NOT NULL, depth INTEGER NOT NULL) WITHOUT ROWID")
@@ -118,7 +120,10 @@ def _canonicalise(writer: Writer, path: str, dry_run: bool) -> CanonicaliseRepor
         conversations = one(
             "SELECT count(*) FROM main.conversations WHERE head_message_id IN (SELECT src FROM temp.losers)"
         )
-        index_created = False
+        if not planned:
+            planned.append(CanonicaliseReport(
+                path, dry_run, groups, collapsed, parts, calls, conversations, levels, not has_index, 0.0
+            ))  # fmt: skip
         if not dry_run:
             if collapsed:
                 with writer.transaction():
@@ -133,14 +138,10 @@ def _canonicalise(writer: Writer, path: str, dry_run: bool) -> CanonicaliseRepor
                         "CREATE UNIQUE INDEX IF NOT EXISTS idx_messages_parent_hash_unique "
                         "ON messages (parent_id, content_hash)"
                     )
-                index_created = True
     finally:
         for table in ("cmap", "clvl", "losers"):
             c.execute(f"DROP TABLE IF EXISTS temp.{table}")
-    return CanonicaliseReport(
-        path, dry_run, groups, collapsed, parts, calls, conversations, levels,
-        index_created or (dry_run and not has_index), 0.0,
-    )  # fmt: skip
+    return not has_index
 
 
 def _collapse(c: apsw.Connection, low: int, high: int) -> None:

@@ -28,7 +28,7 @@ import apsw
 
 from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats import Format, Key, format_for_message_columns, normalise_sql
-from dagsync.writer import BUSY_TIMEOUT_MS, write_transaction
+from dagsync.transactions import BUSY_TIMEOUT_MS, write_transaction
 
 __all__ = [
     "Database",

@@ -43,7 +43,7 @@ from dagsync.message import (
     with_metadata,
 )
 from dagsync.packed import Blobs
-from dagsync.writer import write_transaction
+from dagsync.transactions import write_transaction
 
 __all__ = ["MessageStore", "UlidFactory", "iso_now", "part_from_row", "part_row", "ROOT"]
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagsync.db import Database
-from dagsync.writer import Writer, run_without_waiting
+from dagsync.transactions import run_without_waiting
+from dagsync.writer import Writer
 
 __all__ = ["VacuumReport", "vacuum"]
 

@@ -22,13 +22,14 @@ from tests.processes import kill_after
 MERGE = """
 import contextlib, sys
 import dagsync.merge as m
+import dagsync.transactions as t
 import dagsync.writer as w
 w.TARGET_SECONDS = w.ALONE_TARGET_SECONDS = 0.002
 w.FIRST_CHUNK = 50
 if sys.argv[1] == "short":
-    w.long_transactions = lambda conn: contextlib.nullcontext()
+    t.long_transactions = lambda conn: contextlib.nullcontext()
 else:
-    w.LONG_COMMIT_SECONDS = 0.005
+    t.LONG_COMMIT_SECONDS = 0.005
 m.merge(sys.argv[2], sys.argv[3:], progress=lambda *a: print(*a, flush=True))
 """
 MODES = ("short", "long")

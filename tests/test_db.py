@@ -9,7 +9,7 @@ import apsw
 import pytest
 
 from dagsync.db import open_source, open_target
-from dagsync.writer import write_transaction
+from dagsync.transactions import write_transaction
 from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats.dag import DAG
 from dagsync.formats.llm import LLM
@@ -237,7 +237,7 @@ class TestTargets:
     def test_write_transaction_waits_for_another_writer(self, dag_file, monkeypatch):
         import threading
 
-        monkeypatch.setattr("dagsync.writer.BUSY_TIMEOUT_MS", 50)
+        monkeypatch.setattr("dagsync.transactions.BUSY_TIMEOUT_MS", 50)
         other = apsw.Connection(str(dag_file))
         other.execute("BEGIN IMMEDIATE")
         released = threading.Timer(0.5, lambda: other.execute("COMMIT"))

@@ -23,7 +23,7 @@ import pytest
 
 import dagsync.writer
 from dagsync import bookkeeping
-from dagsync.writer import write_transaction
+from dagsync.transactions import write_transaction
 from dagsync.gc import gc
 from dagsync.verify import verify
 from fixtures import family, generate
@@ -315,7 +315,7 @@ def test_gc_in_a_loop_never_fails_a_live_writer_nor_loses_what_it_wrote(tmp_path
 PAUSED_MERGE = r"""
 import contextlib, sys
 import dagsync.merge
-import dagsync.writer as m
+import dagsync.transactions as m
 m.long_transactions = lambda conn: contextlib.nullcontext()
 inner = m.write_transaction
 count = lambda conn: next(iter(conn.execute("SELECT count(*) FROM main.messages")))[0]

@@ -27,9 +27,10 @@ from tests.processes import kill_after
 GC = r"""
 import contextlib, sys
 import dagsync.gc
-import dagsync.writer as g
-g.TARGET_SECONDS = 0.002
-g.FIRST_CHUNK = 50
+import dagsync.transactions as g
+import dagsync.writer as w
+w.TARGET_SECONDS = 0.002
+w.FIRST_CHUNK = 50
 inner = g.write_transaction
 @contextlib.contextmanager
 def announced(conn):
@@ -307,7 +308,7 @@ def test_a_killed_gc_leaves_a_database_verify_passes_and_the_next_gc_finishes_th
 KILLED_COMMITTING = r"""
 import contextlib, os, signal, sys
 import dagsync.gc
-import dagsync.writer as g
+import dagsync.transactions as g
 inner = g.write_transaction
 count = lambda conn: next(iter(conn.execute("SELECT count(*) FROM messages")))[0]
 @contextlib.contextmanager

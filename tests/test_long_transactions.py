@@ -1,4 +1,4 @@
-"""db.long_transactions: one long write transaction while nobody else has the file
+"""transactions.long_transactions: one long write transaction while nobody else has the file
 open, given up the moment another process opens it (others.OpenAlarm)."""
 
 from __future__ import annotations
@@ -6,50 +6,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 
 import apsw
 import pytest
 
-from dagsync import writer as dbmod
+from dagsync import transactions as dbmod
 from dagsync import others
-from dagsync.writer import OpenedMeanwhile, long_transactions, write_transaction
+from dagsync.transactions import OpenedMeanwhile, long_transactions, write_transaction
+from tests.processes import run_endless, start_writer
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
-
-# An llm-style writer: a 5 s busy timeout, deferred transaction, no retry.
-# Runs the INSERT it is given; prints "ok" when its row is in, or the error
-# that stopped it.
-WRITER = r"""
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
-try:
-    conn.execute("BEGIN")
-    conn.execute(sys.argv[2])
-    conn.execute("COMMIT")
-    print("ok", flush=True)
-except sqlite3.Error as exc:
-    print(f"failed: {exc}", flush=True)
-"""
-
-
-def start_writer(path: str, insert: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WRITER, path, insert], stdout=subprocess.PIPE, text=True)
-
-# Counting this far takes SQLite minutes: a statement that only an interrupt
-# ends soon. Its first row calls start_writer_now(), so the writer starts while
-# it runs, never before.
-ENDLESS = (
-    "WITH RECURSIVE c(x) AS (SELECT start_writer_now() UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) "
-    "SELECT count(*) FROM c"
-)
-
-
-def run_endless(conn: apsw.Connection, start: Callable[[], subprocess.Popen], writers: list) -> None:
-    """Run ENDLESS on ``conn``; the writer ``start`` makes is appended to ``writers``."""
-    conn.create_scalar_function("start_writer_now", lambda: (writers.append(start()), 1)[1], 0)
-    conn.execute(ENDLESS).fetchall()
-
 
 @pytest.fixture
 def conn(tmp_path):

@@ -10,9 +10,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-import dagsync.writer
+import dagsync.transactions
 from dagsync import others
-from dagsync.writer import write_transaction
+from dagsync.transactions import write_transaction
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc and inotify")
 
@@ -97,7 +97,7 @@ def test_a_lock_is_seen_while_held_and_not_after(db):
 def test_write_transactions_pause_only_when_someone_may_be_waiting(db, monkeypatch):
     pauses: list[float] = []
     real_sleep = time.sleep
-    monkeypatch.setattr(dagsync.writer.time, "sleep", lambda s: (pauses.append(s), real_sleep(s)))
+    monkeypatch.setattr(dagsync.transactions.time, "sleep", lambda s: (pauses.append(s), real_sleep(s)))
     conn = apsw.Connection(str(db))
     try:
         for _ in range(3):

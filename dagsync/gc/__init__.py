@@ -114,19 +114,21 @@ def gc(
 
         def collect() -> _Gc:
             run = _Gc(db, grace_seconds, clock, dry_run, progress, writer=writer, deleted=deleted)
+            # An attempt that gave way dropped its temp tables inside the
+            # transaction that was then rolled back: they are back.
+            run.drop_temp()
             try:
                 run.mark()
                 run.sweep()
                 run.sweep_shared()
                 run.record()
-                run.report_tables = run.tables()
             finally:
                 run.drop_temp()
             return run
 
         # Marked again from the file if a long transaction had to give way.
         run = writer.redo(collect, "collecting garbage in it")
-        tables = run.report_tables
+        tables = run.tables()  # once the session is over, everything it counts is committed
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return GcReport(
             path=str(path),
@@ -170,8 +172,6 @@ def _check_migrations(db: Database) -> None:
 
 class _Gc(GcRun):
     """A run, phase by phase: ``mark.py`` proposes, ``sweep.py`` deletes and records."""
-
-    report_tables: tuple[GcTable, ...] = ()
 
     def mark(self) -> None:
         marking.mark(self)
