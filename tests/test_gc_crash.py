@@ -23,14 +23,20 @@ from tests.processes import kill_after
 # Tiny transactions, so there are many commit points; a line per progress
 # event, and one as each write transaction begins and after it commits, so
 # the test can kill it part-way through, wherever it is: reading, writing,
-# or between two transactions.
+# or between two transactions. Either short transactions (as when another
+# process has the file open) or steps of one long transaction (nobody has),
+# committed very often.
 GC = r"""
 import contextlib, sys
 import dagsync.gc
 import dagsync.transactions as g
 import dagsync.writer as w
-w.TARGET_SECONDS = 0.002
+w.TARGET_SECONDS = w.ALONE_TARGET_SECONDS = 0.002
 w.FIRST_CHUNK = 50
+if sys.argv[1] == "short":
+    g.long_transactions = lambda conn: contextlib.nullcontext()
+else:
+    g.LONG_COMMIT_SECONDS = 0.005
 inner = g.write_transaction
 @contextlib.contextmanager
 def announced(conn):
@@ -39,7 +45,7 @@ def announced(conn):
         yield
     print("gc: committed", flush=True)
 g.write_transaction = announced
-dagsync.gc.gc(sys.argv[1], grace="0s", progress=lambda *a: print(*a, flush=True))
+dagsync.gc.gc(sys.argv[2], grace="0s", progress=lambda *a: print(*a, flush=True))
 """
 
 # Columns that point into the message DAG from outside it, and the DAG's links.
@@ -184,9 +190,12 @@ def orphan_llm(path: Path) -> None:
     conn.close()
 
 
-def gc_lines(path: Path) -> list[str]:
+MODES = ("short", "long")
+
+
+def gc_lines(path: Path, mode: str) -> list[str]:
     """The lines the GC script prints, run to the end."""
-    run = subprocess.run([sys.executable, "-c", GC, str(path)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", GC, mode, str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
 
@@ -195,8 +204,8 @@ def gc_lines(path: Path) -> list[str]:
 class Case:
     path: Path  # the database before gc
     fmt: str
-    lines: int  # lines a whole run prints
-    first_write: int  # the line that says its first write transaction began (1-based)
+    lines: dict[str, int]  # lines a whole run prints, by mode
+    first_write: dict[str, int]  # the line that says its first write transaction began (1-based), by mode
     reachable: dict[str, list[tuple]]  # reachable_rows() before gc
     unreferenced: set[tuple[str, object]]  # unreferenced() before gc
     expected: dict[str, list[tuple]]  # dump() after an uninterrupted gc_to_the_end()
@@ -218,16 +227,18 @@ def make_case(directory: Path, fmt: str, *, seen_once: bool = False) -> Case:
             gc(start, grace="0s")
     assert foreign_key_problems(start) == []
     assert verify(start).problems == ()
-    probe = directory / "probe.db"
-    shutil.copyfile(start, probe)
-    lines = gc_lines(probe)
-    first_write = lines.index("gc: writing") + 1
+    lines, first_write = {}, {}
+    for mode in MODES:
+        probe = directory / f"probe-{mode}.db"
+        shutil.copyfile(start, probe)
+        printed = gc_lines(probe, mode)
+        lines[mode], first_write[mode] = len(printed), printed.index("gc: writing") + 1
     whole = directory / "whole.db"
     shutil.copyfile(start, whole)
     gc_to_the_end(whole)
     expected = dump(whole)
     assert len(expected["messages"]) < len(dump(start)["messages"]), "nothing to collect: the test would prove nothing"
-    return Case(start, fmt, len(lines), first_write, reachable_rows(start, fmt), unreferenced(start), expected)
+    return Case(start, fmt, lines, first_write, reachable_rows(start, fmt), unreferenced(start), expected)
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +258,10 @@ def llm_seen_case(tmp_path_factory) -> Case:
     return make_case(tmp_path_factory.mktemp("gc-crash-llm-seen"), "llm", seen_once=True)
 
 
-def run_and_kill(path: Path, events: int, errors: Path) -> bool:
+def run_and_kill(path: Path, events: int, errors: Path, mode: str = "short") -> bool:
     """Start a gc, kill -9 it after ``events`` lines; True if it was still running."""
     with errors.open("w") as stderr:
-        alive, status = kill_after(GC, [str(path)], events, stderr)
+        alive, status = kill_after(GC, [mode, str(path)], events, stderr)
     assert status in (0, -9), f"gc failed by itself: {errors.read_text()}"
     return alive
 
@@ -278,12 +289,13 @@ def test_a_killed_gc_leaves_a_database_verify_passes_and_the_next_gc_finishes_th
     path = tmp_path / "gc.db"
     shutil.copyfile(case.path, path)
     rng = random.Random(seed)
+    mode = MODES[seed % 2]  # short transactions, or steps of long ones: half the seeds each
     killed = 0
     # Kill it a few times, once anywhere and then among its writes; every
     # state in between must be whole, and hold everything a root reaches.
     for attempt in range(3):
-        low = 1 if attempt == 0 else case.first_write - 1
-        killed += run_and_kill(path, rng.randint(low, case.lines), tmp_path / "stderr")
+        low = 1 if attempt == 0 else case.first_write[mode] - 1
+        killed += run_and_kill(path, rng.randint(low, case.lines[mode]), tmp_path / "stderr", mode)
         roll_back(path)
         assert verify(path).problems == ()
         assert foreign_key_problems(path) == []
