@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -287,3 +288,50 @@ def integrity_llm(path: Path) -> list:
             "SELECT hash FROM messages m WHERE parent_hash IS NOT NULL AND NOT EXISTS "
             "(SELECT 1 FROM messages p WHERE p.hash = m.parent_hash)"
         ).fetchall()
+
+
+class TestDerivedTables:
+    """FTS indexes are never copied; the target's own triggers index what arrives,
+    and where a target has lost its trigger the merged rows are indexed all the same."""
+
+    @pytest.mark.parametrize("fmt", ["dag", "llm"])
+    @pytest.mark.parametrize("trigger", [True, False], ids=["with-trigger", "trigger-dropped"])
+    def test_every_merged_row_is_in_the_full_text_index(self, tmp_path, fmt, trigger):
+        if fmt == "llm":
+            pytest.importorskip("llm")
+            from fixtures import family_llm as make
+
+            machines = [r.path for r in make(tmp_path / "fam", seed=41, machines=2, conversations=40)]
+            indexes = {"responses_fts": "responses_ai", "turn_search_fts": "turn_search_ai"}
+        else:
+            from fixtures import family as make
+
+            machines = [r.path for r in make(tmp_path / "fam", seed=41, machines=2, conversations=40)]
+            indexes = {"responses_fts": "responses_ai"}
+        target = tmp_path / "target.db"
+        shutil.copyfile(machines[0], target)
+        if not trigger:
+            with sqlite3.connect(target) as conn:
+                for name in indexes.values():
+                    conn.execute(f"DROP TRIGGER {name}")
+        report = merge(target, [machines[1]])
+        contents = {"responses_fts": "responses", "turn_search_fts": "turn_search"}
+        # llm 0.36 logs to turn_search; the dag branch to responses.
+        searched = [fts for fts in indexes if report.sources[0].table(contents[fts]).added]
+        assert searched == (["turn_search_fts"] if fmt == "llm" else ["responses_fts"])
+        with sqlite3.connect(target) as conn:
+            for fts in indexes:
+                # FTS5 compares its index with the content table, row by row.
+                conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('integrity-check')")
+            for fts in searched:
+                content = contents[fts]
+                rows = conn.execute(f"SELECT count(*) FROM {content}").fetchone()[0]
+                # The last row, one the merge added, is found by a word of its own.
+                rowid, prompt = conn.execute(
+                    f"SELECT rowid, prompt FROM {content} WHERE prompt GLOB '*[A-Za-z][A-Za-z][A-Za-z]*' "
+                    "ORDER BY rowid DESC LIMIT 1"
+                ).fetchone()
+                assert rowid > rows - report.sources[0].table(content).added
+                word = re.search(r"[A-Za-z]{3,}", prompt).group()
+                hits = {r for (r,) in conn.execute(f"SELECT rowid FROM {fts} WHERE {fts} MATCH ?", (f'"{word}"',))}
+                assert rowid in hits, f"{content} row {rowid} of {rows} is not in {fts}"
