@@ -27,7 +27,9 @@ from pathlib import Path
 import apsw
 
 from dagsync.errors import NotADatabase, UnsupportedDatabase
-from dagsync.formats import Format, Key, format_for_message_columns, normalise_sql
+from dagsync.formats import Format, Key, normalise_sql
+from dagsync.formats.dag import DAG
+from dagsync.formats.llm import LLM
 from dagsync.transactions import BUSY_TIMEOUT_MS, write_transaction
 
 __all__ = [
@@ -188,7 +190,7 @@ def detect_format(conn: apsw.Connection, path: Path) -> Format:
             f"{path} is not an llm database: it has no messages table (tables: {shown})"
         )
     columns = _columns(conn, "messages")
-    fmt = format_for_message_columns(set(columns))
+    fmt = next((f for f in (DAG, LLM) if f.marker_columns <= set(columns)), None)
     if fmt is None:
         raise UnsupportedDatabase(
             f"{path} has a messages table of an unknown layout (columns: "

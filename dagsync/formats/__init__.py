@@ -22,8 +22,7 @@ from importlib import resources
 import apsw
 
 __all__ = [
-    "Collect", "Format", "JsonRef", "Key", "PackedColumn", "PayloadRef", "Table",
-    "format_for_message_columns", "normalise_sql",
+    "Collect", "Format", "JsonRef", "Key", "PackedColumn", "PayloadRef", "Table", "normalise_sql",
 ]  # fmt: skip
 
 
@@ -277,24 +276,3 @@ class Format:
 def normalise_sql(sql: str) -> str:
     """Whitespace and case folded, so the same statement compares equal however laid out."""
     return " ".join(sql.split()).lower()
-
-
-def format_for_message_columns(columns: set[str]) -> Format | None:
-    """The format whose ``messages`` has these columns, or None."""
-    from dagsync.formats.dag import DAG
-    from dagsync.formats.llm import LLM
-
-    for fmt in (DAG, LLM):
-        if fmt.marker_columns <= columns:
-            return fmt
-    return None
-
-
-def _all() -> tuple[Format, ...]:
-    from dagsync.formats.dag import DAG
-    from dagsync.formats.llm import LLM
-
-    return (DAG, LLM)
-
-
-FORMATS = _all()

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dagsync import bookkeeping
 from dagsync.errors import DamagedSource
 from dagsync.formats import Key, Table
-from dagsync.merge import owned as owned_rows
+from dagsync.merge.owned import copy as copy_owned
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, TOP, SourceMerge
 
 __all__ = ["MAPPED", "NEW", "SAME", "apply", "plan"]
@@ -351,7 +351,7 @@ def apply(run: SourceMerge, table: Table) -> None:
             )
             run.written[table.name].added += run.changes()
             for part in owned:
-                owned_rows.copy(run, part, low, high)
+                copy_owned(run, part, low, high)
     _record_map(run)
 
 
