@@ -45,8 +45,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# A child measuring another checkout (--baseline) is told which with
+# DAGSYNC_BENCH_ROOT: its dagsync must come from there, not from this one.
+IMPORT_ROOT = os.environ.get("DAGSYNC_BENCH_ROOT", str(ROOT))
+if IMPORT_ROOT not in sys.path:
+    sys.path.insert(0, IMPORT_ROOT)
 
 # About 9.5 messages and ~36 rows (all tables) per conversation: 55,000 gives
 # ~520k messages and ~2M rows per database.
@@ -352,7 +355,11 @@ def run_script_child(script: str, args: list[str], label: str, root: Path = ROOT
     child's wall time, interpreter start-up and imports included. The child
     imports dagsync from the checkout at ``root`` (``--baseline``: another commit's)."""
     cmd = [sys.executable, str(Path(script).resolve()), "--child", *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        DAGSYNC_BENCH_ROOT=str(root),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    )
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
@@ -360,6 +367,9 @@ def run_script_child(script: str, args: list[str], label: str, root: Path = ROOT
         raise SystemExit(f"{label} child failed with exit status {proc.returncode}")
     result = json.loads(proc.stdout)
     result["wall_seconds"] = round(wall, 3)
+    measured = result.get("dagsync_path")
+    if measured and Path(measured).resolve().parent != Path(root).resolve():
+        raise SystemExit(f"{label} child imported dagsync from {measured}, not from {root}")
     return result
 
 

@@ -42,9 +42,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for p in (str(ROOT), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+# merge.py puts the checkout to measure first (DAGSYNC_BENCH_ROOT, for --baseline).
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
 import merge as merge_bench  # noqa: E402  (benchmarks/merge.py: data cache and helpers)
 
@@ -94,6 +94,7 @@ def child_raw(path: str, level: int, threshold: int) -> dict:
 
 
 def child_pack(path: str, level: int, threshold: int) -> dict:
+    import dagsync
     from dagsync.blobs import pack
     from dagsync.db import open_target
 
@@ -119,7 +120,7 @@ def child_pack(path: str, level: int, threshold: int) -> dict:
         "dedup_ratio": report.dedup_ratio, "compression_ratio": report.compression_ratio,
         "file_before": before, "file_after": os.path.getsize(path), "vacuum_mode": vacuumed.mode,
         "mb_per_s": round(report.payload_bytes / 1e6 / seconds, 1) if seconds else None,
-        "peak_rss_mb": merge_bench.peak_rss_mb(),
+        "peak_rss_mb": merge_bench.peak_rss_mb(), "dagsync_path": str(Path(dagsync.__file__).parent),
     }  # fmt: skip
 
 

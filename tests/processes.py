@@ -3,6 +3,7 @@ an llm-style writer that arrives while dagsync holds the lock (live-writer tests
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,15 +46,69 @@ def run_endless(conn: apsw.Connection, start: Callable[[], subprocess.Popen], wr
     conn.execute(ENDLESS).fetchall()
 
 
-def kill_after(script: str, args: list[str], lines: int, stderr: IO[str] | None = None) -> tuple[bool, int]:
-    """Run ``python -c script args``, read ``lines`` lines of its output (one per
-    progress event), then ``kill -9`` it, so the kill lands part-way through
-    its work by construction. Returns (it was still running, its exit status).
-    """
-    process = subprocess.Popen(
-        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=stderr, text=True
+# Put before a child script that runs one dagsync operation, to kill it at a
+# point the test chooses. It fixes every chunk at 50 rows, so that a run
+# takes the same steps every time whatever the machine's speed; sets the
+# transactions of DAGSYNC_TEST_MODE - "short" (as when another process has
+# the file open), "long" (steps of a long transaction, committed at every
+# step's end) or "whole" (one long transaction); and prints a line for every
+# event - each progress report the script passes to ``event``, and each write
+# step's start (inside its transaction) and end. At event number
+# DAGSYNC_TEST_STOP_AT it stops, so that the kill lands exactly there.
+STOPPABLE = r"""
+import contextlib as _contextlib, os as _os, time as _time
+import dagsync.transactions as _transactions
+import dagsync.writer as _writer
+_writer.FIRST_CHUNK = _writer.MAX_READ_CHUNK = _writer.MAX_WRITE_CHUNK = _writer.ALONE_MAX_WRITE_CHUNK = 50
+_mode = _os.environ.get("DAGSYNC_TEST_MODE", "short")
+if _mode == "short":
+    _transactions.long_transactions = lambda conn: _contextlib.nullcontext()
+else:
+    _transactions.LONG_COMMIT_SECONDS = 0.0 if _mode == "long" else 3600.0
+_stop_at, _events = int(_os.environ.get("DAGSYNC_TEST_STOP_AT", "0")), [0]
+
+def event(*what):
+    _events[0] += 1
+    print(*what, flush=True)
+    if _events[0] == _stop_at:
+        _time.sleep(3600)  # until the test kills this process
+
+_step = _writer.Writer.transaction
+
+@_contextlib.contextmanager
+def _announced(self):
+    with _step(self):
+        event("step: writing")
+        yield
+    event("step: done")
+
+_writer.Writer.transaction = _announced
+"""
+MODES = ("short", "long", "whole")
+
+
+def _child(script: str, args: list[str], mode: str, stop_at: int, stderr: IO[str] | None) -> subprocess.Popen:
+    env = dict(os.environ, DAGSYNC_TEST_MODE=mode, DAGSYNC_TEST_STOP_AT=str(stop_at))
+    return subprocess.Popen(
+        [sys.executable, "-c", STOPPABLE + script, *args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
     )
-    for _ in range(lines):
+
+
+def events_of(script: str, args: list[str], mode: str) -> list[str]:
+    """The event lines a run of ``script`` (see STOPPABLE) prints, run to the end."""
+    process = _child(script, args, mode, 0, subprocess.PIPE)
+    out, err = process.communicate(timeout=300)
+    if process.returncode != 0:
+        raise RuntimeError(f"the child failed: {err}")
+    return out.splitlines()
+
+
+def kill_at(script: str, args: list[str], event: int, mode: str, stderr: IO[str] | None = None) -> tuple[bool, int]:
+    """Run ``script`` (see STOPPABLE) until its ``event``-th event, where it stops,
+    then ``kill -9`` it. Returns (it was still running: the kill landed at that
+    event, its exit status). A run with fewer events ends first."""
+    process = _child(script, args, mode, event, stderr)
+    for _ in range(event):
         if not process.stdout.readline():
             break
     alive = process.poll() is None

@@ -27,7 +27,7 @@ from dagsync.verify import verify
 from fixtures import family, family_llm
 from tests import strategies
 from tests.history import logical
-from tests.processes import kill_after
+from tests.processes import MODES, kill_at
 
 MARKER_LOOKALIKE = PREFIX + "0" * 64  # a payload that merely looks like a reference
 
@@ -237,31 +237,23 @@ def test_gc_deletes_blobs_only_deleted_rows_used(tmp_path):
 
 # -- crash safety -----------------------------------------------------------------------
 
-# Tiny chunks; short transactions, or steps of one long transaction
-# committed very often (the file is new to the child: nobody else has it open).
+# Chunks of 50 rows; the child stops at the event the test picks and is
+# killed there (tests.processes.STOPPABLE), in each mode of transactions.
 RUN = """
-import contextlib, sys
+import sys
 import dagsync.blobs as b
-import dagsync.transactions as t
-import dagsync.writer as w
-w.TARGET_SECONDS = w.ALONE_TARGET_SECONDS = 0.002
-w.FIRST_CHUNK = 20
-if sys.argv[1] == "short":
-    t.long_transactions = lambda conn: contextlib.nullcontext()
-else:
-    t.LONG_COMMIT_SECONDS = 0.005
-getattr(b, sys.argv[2])(sys.argv[3], progress=lambda *a: print(*a, flush=True))
+getattr(b, sys.argv[1])(sys.argv[2], progress=event)
 """
 
 
-@pytest.mark.parametrize("mode", ["short", "long"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("command", "events"), [("pack", 3), ("pack", 9), ("unpack", 2), ("unpack", 7)])
 def test_a_killed_pack_or_unpack_leaves_a_whole_file_that_a_rerun_completes(tmp_path, command, events, mode):
     path = family(tmp_path / "fam", seed=6, machines=1, conversations=150)[0].path
     original = dump(path)
     if command == "unpack":
         pack(path, threshold=73)
-    assert kill_after(RUN, [mode, command, str(path)], events)[0], "the kill came after the end: it proved nothing"
+    assert kill_at(RUN, [command, str(path)], events, mode)[0], "the kill came after the end: it proved nothing"
     assert verify(path).problems == ()
     getattr(sys.modules["dagsync.blobs"], command)(path)
     assert verify(path).problems == ()

@@ -18,34 +18,16 @@ from dagsync.errors import NotADatabase
 from dagsync.verify import verify
 from fixtures import generate
 from tests.history import integrity
-from tests.processes import kill_after
+from tests.processes import MODES, events_of, kill_at
 
-# Tiny transactions, so there are many commit points; a line per progress
-# event, and one as each write transaction begins and after it commits, so
-# the test can kill it part-way through, wherever it is: reading, writing,
-# or between two transactions. Either short transactions (as when another
-# process has the file open) or steps of one long transaction (nobody has),
-# committed very often.
+# Chunks of 50 rows, so there are many commit points; the child stops at the
+# event the test picks and is killed there (tests.processes.STOPPABLE): while
+# reading, inside a write step, or between two, in short transactions, steps
+# of a long one committed at each step's end, or one long transaction.
 GC = r"""
-import contextlib, sys
+import sys
 import dagsync.gc
-import dagsync.transactions as g
-import dagsync.writer as w
-w.TARGET_SECONDS = w.ALONE_TARGET_SECONDS = 0.002
-w.FIRST_CHUNK = 50
-if sys.argv[1] == "short":
-    g.long_transactions = lambda conn: contextlib.nullcontext()
-else:
-    g.LONG_COMMIT_SECONDS = 0.005
-inner = g.write_transaction
-@contextlib.contextmanager
-def announced(conn):
-    with inner(conn):
-        print("gc: writing", flush=True)
-        yield
-    print("gc: committed", flush=True)
-g.write_transaction = announced
-dagsync.gc.gc(sys.argv[2], grace="0s", progress=lambda *a: print(*a, flush=True))
+dagsync.gc.gc(sys.argv[1], grace="0s", progress=event)
 """
 
 # Columns that point into the message DAG from outside it, and the DAG's links.
@@ -190,14 +172,9 @@ def orphan_llm(path: Path) -> None:
     conn.close()
 
 
-MODES = ("short", "long")
-
-
 def gc_lines(path: Path, mode: str) -> list[str]:
     """The lines the GC script prints, run to the end."""
-    run = subprocess.run([sys.executable, "-c", GC, mode, str(path)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return run.stdout.splitlines()
+    return events_of(GC, [str(path)], mode)
 
 
 @dataclass(frozen=True)
@@ -232,7 +209,7 @@ def make_case(directory: Path, fmt: str, *, seen_once: bool = False) -> Case:
         probe = directory / f"probe-{mode}.db"
         shutil.copyfile(start, probe)
         printed = gc_lines(probe, mode)
-        lines[mode], first_write[mode] = len(printed), printed.index("gc: writing") + 1
+        lines[mode], first_write[mode] = len(printed), printed.index("step: writing") + 1
     whole = directory / "whole.db"
     shutil.copyfile(start, whole)
     gc_to_the_end(whole)
@@ -258,10 +235,10 @@ def llm_seen_case(tmp_path_factory) -> Case:
     return make_case(tmp_path_factory.mktemp("gc-crash-llm-seen"), "llm", seen_once=True)
 
 
-def run_and_kill(path: Path, events: int, errors: Path, mode: str = "short") -> bool:
-    """Start a gc, kill -9 it after ``events`` lines; True if it was still running."""
+def run_and_kill(path: Path, event: int, errors: Path, mode: str = "short") -> bool:
+    """Start a gc, kill -9 it at its ``event``-th event; True if it was still running."""
     with errors.open("w") as stderr:
-        alive, status = kill_after(GC, [mode, str(path)], events, stderr)
+        alive, status = kill_at(GC, [str(path)], event, mode, stderr)
     assert status in (0, -9), f"gc failed by itself: {errors.read_text()}"
     return alive
 
@@ -289,7 +266,7 @@ def test_a_killed_gc_leaves_a_database_verify_passes_and_the_next_gc_finishes_th
     path = tmp_path / "gc.db"
     shutil.copyfile(case.path, path)
     rng = random.Random(seed)
-    mode = MODES[seed % 2]  # short transactions, or steps of long ones: half the seeds each
+    mode = MODES[seed % len(MODES)]  # short transactions, or steps of long ones, by seed
     killed = 0
     # Kill it a few times, once anywhere and then among its writes; every
     # state in between must be whole, and hold everything a root reaches.
