@@ -670,12 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the run on a file already in incremental auto-vacuum mode",
     )  # fmt: skip
     parser.add_argument("--phases", action="store_true", help="also print gc's progress phases with their times")
-    parser.add_argument(
-        "--baseline", type=Path, metavar="DIR",
-        help="instead of the full run: rounds of floor and gc with this checkout and the dagsync of DIR "
-        "(e.g. `git worktree add DIR COMMIT`), alternating",
-    )  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of the --baseline comparison (default 3)")
+    bench.add_baseline_arguments(parser, "instead of the full run: rounds of floor and gc")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "TARGET"), help=argparse.SUPPRESS)
     parser.add_argument("--vacuum", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--now", type=float, help=argparse.SUPPRESS)

@@ -385,6 +385,16 @@ def run_child(
     return run_script_child(__file__, args, kind, root)
 
 
+def add_baseline_arguments(parser: argparse.ArgumentParser, what: str, repeat: bool = True) -> None:
+    """``--baseline DIR`` (and ``--repeat N``): ``what`` measured with another checkout's dagsync too."""
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help=f"{what} with this checkout and the dagsync of DIR (e.g. `git worktree add DIR COMMIT`), alternating",
+    )  # fmt: skip
+    if repeat:
+        parser.add_argument("--repeat", type=int, default=3, help="rounds of the --baseline comparison (default 3)")
+
+
 def trees(baseline: Path | None, round_number: int) -> list[tuple[str, Path]]:
     """The checkouts a round measures, in the order it measures them: with a
     baseline, they alternate from round to round, so neither always goes first."""
@@ -640,11 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the floor that keeps every row: integer-keyed rows get new ids instead of being "
         "dropped (default: on for --format llm, whose floor drops them)",
     )  # fmt: skip
-    parser.add_argument(
-        "--baseline", type=Path, metavar="DIR",
-        help="also merge with the dagsync of this checkout (e.g. `git worktree add DIR COMMIT`), "
-        "alternating with this one in every round",
-    )  # fmt: skip
+    add_baseline_arguments(parser, "every round also merges and re-merges", repeat=False)
     parser.add_argument("--child", nargs=3, metavar=("KIND", "TARGET", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

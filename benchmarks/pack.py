@@ -226,12 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thresholds", default=None, help="Comma-separated: file size after pack + vacuum for each.")
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--baseline", type=Path, metavar="DIR",
-        help="instead of the full run: rounds of raw zstandard and pack with this checkout and the dagsync of "
-        "DIR (e.g. `git worktree add DIR COMMIT`), alternating",
-    )  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of the --baseline comparison (default 3)")
+    merge_bench.add_baseline_arguments(parser, "instead of the full run: rounds of raw zstandard and pack")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # KIND PATH LEVEL THRESHOLD [N...]
     args = parser.parse_args(argv)
     if args.child:
