@@ -314,6 +314,8 @@ class TestDerivedTables:
             with sqlite3.connect(target) as conn:
                 for name in indexes.values():
                     conn.execute(f"DROP TRIGGER {name}")
+                # A row written while the trigger was gone: the index lacks it too.
+                conn.execute("INSERT INTO responses (id, prompt, response) VALUES ('by-hand', 'unindexed zebra', 'x')")
         report = merge(target, [machines[1]])
         contents = {"responses_fts": "responses", "turn_search_fts": "turn_search"}
         # llm 0.36 logs to turn_search; the dag branch to responses.

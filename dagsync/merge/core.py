@@ -65,8 +65,8 @@ class SourceMerge:
         # New rows whose references resolve nowhere, by table, where a plan counted them.
         self.dangling_counted: dict[str, int] = {}
         self.bounds: dict[str, int] = {}
-        # Derived tables no trigger of the target keeps: (content table, its last rowid before the copy).
-        self.unindexed: dict[str, tuple[str, int]] = {}
+        # Derived tables no trigger of the target keeps -> their content table.
+        self.unindexed: dict[str, str] = {}
         self.source_tables: set[str] = set()
 
     # -- the attached source -------------------------------------------------------

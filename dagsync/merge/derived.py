@@ -9,9 +9,12 @@ table, in the same transaction.
 
 A target whose trigger is missing (dropped by hand, or by a tool that
 disables full-text search) would be left with an index that does not know
-the merged rows, and ``llm logs -q`` would not find them. So the plan notes
-where the content table ends before the copy, and once the copy is done the
-rows after that point are indexed here, in the writer's chunks.
+the merged rows, and ``llm logs -q`` would not find them. So then, once the
+copy is done, every content row the index lacks is indexed here, in the
+writer's chunks: the rows of this merge, of a merge killed before it got
+this far, and any the file already had unindexed. Which rows the index has
+is read from FTS5's ``<table>_docsize`` (one row per indexed document); an
+index made without it (``columnsize=0``) is rebuilt instead, in one statement.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _indexers(fmt: Format) -> dict[str, tuple[str, str]]:
 
 
 def plan(run: SourceMerge, table: Table) -> None:
-    """Note where the content table ends, unless the target's own trigger indexes what is inserted.
+    """Note the index for ``apply``, unless the target's own trigger indexes what is inserted.
 
     A trigger of that name in the target is the format's own: opening the
     target refused any other (``db.check_tables``).
@@ -48,19 +51,24 @@ def plan(run: SourceMerge, table: Table) -> None:
     content, trigger = _indexers(run.fmt)[table.name]
     if run.one("SELECT 1 FROM main.sqlite_schema WHERE type = 'trigger' AND name = ? AND tbl_name = ?", (trigger, content)):
         return
-    run.unindexed[table.name] = (content, run.one(f'SELECT coalesce(max(rowid), 0) FROM main."{content}"'))
+    run.unindexed[table.name] = content
 
 
 def apply(run: SourceMerge, table: Table) -> None:
-    """Index the content rows the copy added, where no trigger did."""
-    if table.name not in run.unindexed:
+    """Index the content rows the index lacks, where no trigger does it."""
+    content = run.unindexed.get(table.name)
+    if content is None:
         return
-    content, end = run.unindexed[table.name]
-    columns = quoted(run.fmt.columns[table.name])
-    for low, high in run.writer.ranges(f'main."{content}"', where=f"rowid > {int(end)}", writes=True):
+    name = table.name
+    if not bookkeeping.has(run.conn, f"{name}_docsize"):
+        with run.writer.transaction():
+            run.conn.execute(f"INSERT INTO main.\"{name}\" (\"{name}\") VALUES ('rebuild')")
+        return
+    columns = quoted(run.fmt.columns[name])
+    for low, high in run.writer.ranges(f'main."{content}"', writes=True):
         with run.writer.transaction():
             run.conn.execute(
-                f'INSERT INTO main."{table.name}" (rowid, {columns}) SELECT rowid, {columns} '
-                f'FROM main."{content}" WHERE rowid > ? AND rowid BETWEEN ? AND ?',
-                (end, low, high),
+                f'INSERT INTO main."{name}" (rowid, {columns}) SELECT c.rowid, {columns} FROM main."{content}" c '
+                f'WHERE c.rowid BETWEEN ? AND ? AND NOT EXISTS (SELECT 1 FROM main."{name}_docsize" d WHERE d.id = c.rowid)',
+                (low, high),
             )
