@@ -30,11 +30,16 @@ from dagsync import bookkeeping
 from dagsync.db import Database, open_target
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format, PackedColumn
+from dagsync.errors import BlobError
 from dagsync.packed import (
     DDL,
     MARKER_LENGTH,
     PREFIX,
+    Blobs,
+    damaged,
     is_packed,
+    lost_store,
+    lost_store_error,
     marker_sql,
     meta,
     payload_bytes,
@@ -399,10 +404,15 @@ def unpack(
         writer = Writer(conn, progress, dry_run=dry_run)
         done = [0, 0]  # values, bytes: committed
         blobs = 0
-        if is_packed(conn):
+        present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        columns = [c for c in db.format.packed if c.table in present]
+        if not is_packed(conn):
+            _refuse_a_lost_store(db)
+        else:
             register_functions(conn)
-            present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-            columns = [c for c in db.format.packed if c.table in present]
+            # Every blob a packed value refers to proven first, so that a damaged
+            # one leaves the file as it was: unpack writes nothing, or all.
+            _prove_references(writer, db, columns)
             writer.redo(lambda: [_unpack_column(writer, c, done) for c in columns], "unpacking it")
             blobs = next(iter(conn.execute("SELECT count(*) FROM blobs")))[0]
             if not dry_run:
@@ -421,6 +431,47 @@ def unpack(
         )  # fmt: skip
     finally:
         db.close()
+
+
+def _refuse_a_lost_store(db: Database) -> None:
+    """A file that was packed and has lost its blob store cannot be unpacked.
+
+    (A file never packed holds no references: a value that reads like one is
+    just a value, which pack refuses to pack.)
+
+    :raises BlobError: naming the file.
+    """
+    if lost_store(db.conn):
+        raise lost_store_error(str(db.path))
+
+
+def _prove_references(writer: Writer, db: Database, columns: list[PackedColumn]) -> None:
+    """Prove every blob a packed value of the file refers to, each once, reading it in bounded pieces.
+
+    :raises BlobError: naming the first blob that fails (or is missing).
+    """
+    conn = db.conn
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS unpack_refs (hash TEXT PRIMARY KEY) WITHOUT ROWID")
+    for column in columns:
+        for low, high in writer.ranges(f'main."{column.table}"'):
+            conn.execute(
+                f"INSERT OR IGNORE INTO temp.unpack_refs SELECT substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1}) "
+                f'FROM main."{column.table}" t WHERE t.rowid BETWEEN ? AND ? AND {marker_sql(column, "t")}',
+                (low, high),
+            )
+    store = Blobs(conn)
+    refs = conn.cursor()
+    try:
+        for (blob_hash,) in refs.execute("SELECT hash FROM temp.unpack_refs"):
+            try:
+                problem = store.problem(blob_hash)
+            except BlobError as exc:  # its dictionary is missing
+                problem = f"cannot be read ({exc})"
+            if problem is not None:
+                raise damaged(str(db.path), blob_hash, problem)
+    finally:
+        refs.close()
+        conn.execute("DROP TABLE temp.unpack_refs")
 
 
 def _unpack_column(writer: Writer, column: PackedColumn, done: list[int]) -> None:

@@ -38,8 +38,8 @@ from dagsync.errors import BlobError
 from dagsync.formats import PackedColumn
 
 __all__ = [
-    "DDL", "MARKER_LENGTH", "PREFIX", "Blobs", "generation", "is_packed", "marker_sql", "meta",
-    "payload_bytes", "register_functions", "sha256",
+    "DDL", "MARKER_LENGTH", "MAX_PAYLOAD", "PREFIX", "Blobs", "damaged", "generation", "is_packed", "marker_sql", "meta",
+    "lost_store", "lost_store_error", "payload_bytes", "reference", "register_functions", "sha256",
 ]  # fmt: skip
 
 PREFIX = "dagsync:"
@@ -84,14 +84,33 @@ def sha256(value: str | bytes) -> str:
     return hashlib.sha256(payload_bytes(value)).hexdigest()
 
 
+# No payload can be longer than the longest value SQLite holds (SQLITE_MAX_LENGTH,
+# 1e9 bytes by default): a blob that says it is longer is refused unread.
+MAX_PAYLOAD = 1_000_000_000
+# ``Blobs.problem`` reads a payload in pieces this long, whatever its size.
+STREAM_CHUNK = 1 << 20
+
+
 class Blobs:
-    """Reads (and, for pack, writes) the blob store of one schema of a connection."""
+    """Reads (and, for pack, writes) the blob store of one schema of a connection.
+
+    Every blob is proven when it is read: its frame must declare the size its
+    row records (checked before anything is decompressed, so a frame that
+    claims gigabytes - a decompression bomb - costs nothing), and what comes
+    out must be that long and hash to the blob's key. A blob that fails is
+    never returned: ``payload`` raises ``BlobError`` naming it.
+    """
 
     def __init__(self, conn: apsw.Connection, schema: str = "main") -> None:
         self.conn = conn
         self.schema = schema
         self.decompressors: dict[str | None, zstandard.ZstdDecompressor] = {}
         self.present: bool | None = None
+        self.lost: bool | None = None  # packed once, its store gone (lost_store)
+
+    @property
+    def filename(self) -> str:
+        return self.conn.db_filename(self.schema) or self.schema
 
     def decompressor(self, dict_hash: str | None) -> zstandard.ZstdDecompressor:
         if dict_hash not in self.decompressors:
@@ -114,22 +133,80 @@ class Blobs:
             self.present = is_packed(self.conn, self.schema)
         return self.present
 
-    def payload(self, blob_hash: str) -> bytes:
-        """The bytes stored under ``blob_hash``.
+    def _row(self, blob_hash: str) -> tuple[str | None, bytes, int] | None:
+        if not self.exists():
+            return None
+        return next(
+            iter(self.conn.execute(
+                f"SELECT dict, CAST(data AS BLOB), size FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,)
+            )),
+            None,
+        )  # fmt: skip
 
-        :raises BlobError: the blob (or its dictionary) is missing, or does not decompress.
+    def _frame_problem(self, data: bytes, size: Any) -> str | None:
+        """What is wrong with a frame's header against its row, before decompressing it."""
+        try:
+            declared = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            return f"does not decompress ({exc})"
+        if not isinstance(size, int) or size < 0:
+            return f"records a size of {size!r}"
+        if declared != size:
+            said = "no size" if declared < 0 else f"{declared} bytes"
+            return f"declares {said}, not its size {size}"
+        if size > MAX_PAYLOAD:
+            return f"is {size} bytes, longer than any value SQLite holds ({MAX_PAYLOAD})"
+        return None
+
+    def damaged(self, blob_hash: str, what: str) -> BlobError:
+        """The one-line error for a blob that failed its proof: every command
+        proves a blob before it writes anything that depends on it."""
+        return damaged(self.filename, blob_hash, what)
+
+    def payload(self, blob_hash: str) -> bytes:
+        """The bytes stored under ``blob_hash``, proven by its key and size.
+
+        :raises BlobError: the blob or its dictionary is missing, or the blob
+            fails its proof (``damaged``).
         """
-        row = None
-        if self.exists():
-            row = next(
-                iter(self.conn.execute(f"SELECT dict, CAST(data AS BLOB) FROM {self.schema}.blobs WHERE hash = ?", (blob_hash,))), None
-            )
+        row = self._row(blob_hash)
         if row is None:
             raise BlobError(f"blob {blob_hash} is missing")
+        dict_hash, data, size = row
+        problem = self._frame_problem(data, size)
+        if problem is None:
+            try:
+                # The frame declares ``size`` (checked above): that is all it allocates.
+                out = self.decompressor(dict_hash).decompress(data)
+            except zstandard.ZstdError as exc:
+                problem = f"does not decompress ({exc})"
+            else:
+                problem = _proof(blob_hash, size, len(out), sha256(out))
+        if problem is not None:
+            raise self.damaged(blob_hash, problem)
+        return out
+
+    def problem(self, blob_hash: str) -> str | None:
+        """What is wrong with the blob (None: it is whole), found reading it in
+        pieces of STREAM_CHUNK bytes: memory stays flat whatever it holds."""
+        row = self._row(blob_hash)
+        if row is None:
+            return "is missing"
+        dict_hash, data, size = row
+        problem = self._frame_problem(data, size)
+        if problem is not None:
+            return problem
+        digest, length = hashlib.sha256(), 0
         try:
-            return self.decompressor(row[0]).decompress(row[1])
+            reader = self.decompressor(dict_hash).stream_reader(data, read_size=STREAM_CHUNK)
+            while piece := reader.read(STREAM_CHUNK):
+                length += len(piece)
+                if length > size:
+                    return f"decompresses to more than its size {size}"
+                digest.update(piece)
         except zstandard.ZstdError as exc:
-            raise BlobError(f"blob {blob_hash} does not decompress: {exc}") from exc
+            return f"does not decompress ({exc})"
+        return _proof(blob_hash, size, length, digest.hexdigest())
 
     def resolve(self, value: Any, holds: str) -> Any:
         """A column value as llm wrote it: a reference replaced by its payload, anything else as it is.
@@ -143,14 +220,47 @@ class Blobs:
         return data.decode("utf-8", errors="replace") if holds == "text" else data
 
     def resolve_bytes(self, value: Any, holds: str) -> Any:
-        """Like ``resolve``, but a payload always comes back as its exact bytes."""
-        if not isinstance(value, (bytes, str)) or not self.exists():
-            return value  # a file with no blob store holds no references
-        if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
-            return self.payload(value[len(PREFIX) :].decode("ascii"))
-        if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
-            return self.payload(value[len(PREFIX) :])
-        return value
+        """Like ``resolve``, but a payload always comes back as its exact bytes.
+
+        :raises BlobError: a reference that cannot be proven, or any in a file
+            that was packed and has lost its blob store.
+        """
+        blob_hash = reference(value, holds)
+        if blob_hash is None:
+            return value
+        if not self.exists():
+            if self.lost is None:
+                self.lost = lost_store(self.conn, self.schema)
+            if self.lost:
+                raise lost_store_error(self.filename)
+            return value  # a file never packed: a value that looks like a reference is just a value
+        return self.payload(blob_hash)
+
+
+def damaged(filename: str, blob_hash: str, what: str) -> BlobError:
+    """The one-line error for blob ``blob_hash`` of ``filename``, which ``what`` says is wrong."""
+    return BlobError(
+        f"{filename}: blob {blob_hash} {what}; its blob store is damaged and nothing was written - "
+        f"run `dagsync verify {filename}` to see all of it, and restore the file from a backup"
+    )
+
+
+def reference(value: Any, holds: str) -> str | None:
+    """The blob hash a packed value refers to, or None for a plain value."""
+    if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
+        return value[len(PREFIX) :].decode("ascii", errors="replace")
+    if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
+        return value[len(PREFIX) :]
+    return None
+
+
+def _proof(blob_hash: str, size: int, length: int, digest: str) -> str | None:
+    """What a decompressed payload says against its blob's key and size (None: proven)."""
+    if length != size:
+        return f"decompresses to {length} bytes, not its size {size}"
+    if digest != blob_hash:
+        return f"holds a payload that does not hash to its key (it hashes to {digest})"
+    return None
 
 
 def register_functions(conn: apsw.Connection) -> None:
@@ -162,9 +272,21 @@ def register_functions(conn: apsw.Connection) -> None:
         conn.create_scalar_function(name, store.resolve_bytes, 2, deterministic=False)
 
 
-def meta(conn: apsw.Connection, key: str) -> str | None:
+def meta(conn: apsw.Connection, key: str, schema: str = "main") -> str | None:
     """A setting of the blob store (``_dagsync_meta``), or None."""
-    if not bookkeeping.has(conn, "_dagsync_meta"):
+    if not bookkeeping.has(conn, "_dagsync_meta", schema):
         return None
-    row = next(iter(conn.execute("SELECT value FROM _dagsync_meta WHERE key = ?", (key,))), None)
+    row = next(iter(conn.execute(f"SELECT value FROM {schema}._dagsync_meta WHERE key = ?", (key,))), None)
     return row[0] if row else None
+
+
+def lost_store(conn: apsw.Connection, schema: str = "main") -> bool:
+    """The file was packed (its settings are there; unpack removes them) but its blob store is gone."""
+    return meta(conn, "pack_level", schema) is not None and not is_packed(conn, schema)
+
+
+def lost_store_error(filename: str) -> BlobError:
+    return BlobError(
+        f"{filename} was packed but has lost its blob store (the blobs table is gone), so its packed values "
+        "cannot be read; nothing was written - restore the file from a backup"
+    )

@@ -34,7 +34,7 @@ from dagsync.db import Database, open_source
 from dagsync.errors import HashContractError
 from dagsync.formats.dag import DAG
 from dagsync.message import Message
-from dagsync.packed import Blobs, marker_sql, sha256
+from dagsync.packed import Blobs, lost_store, marker_sql, sha256
 from dagsync.store import part_from_row
 
 __all__ = ["Problem", "VerifyReport", "verify"]
@@ -363,15 +363,30 @@ def _check_llm(current: list, fragment, attachment_row):
 
 
 def _blobs(db: Database):
-    """The blob store is whole, and every packed value points into it."""
+    """The blob store is whole, and every packed value points into it.
+
+    Each blob is read in bounded pieces (``Blobs.problem``): a blob whose frame
+    claims more than its row records is named without being decompressed.
+    """
     conn = db.conn
     store = Blobs(conn)
-    if not store.exists():
-        return  # no blob store: nothing in the file is a reference
     present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-    for column in db.format.packed:
-        if column.table not in present:
-            continue
+    columns = [c for c in db.format.packed if c.table in present]
+    if not store.exists():
+        if not lost_store(conn):
+            return  # never packed: a value that reads like a reference is just a value
+        # Packed once, its store gone: every packed value is unreadable.
+        for column in columns:
+            for (rowid,) in conn.execute(
+                f'SELECT t.rowid FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1'
+            ):
+                yield Problem(
+                    "blobs", column.table, f"rowid {rowid}",
+                    f"{column.column} holds a packed value, but the file has lost its blob store "
+                    "(its blobs table is gone): restore it from a backup",
+                )  # fmt: skip
+        return
+    for column in columns:
         value = f'CAST(t."{column.column}" AS TEXT)'
         missing = "substr(" + value + ", 9) NOT IN (SELECT hash FROM blobs)"
         for rowid, ref in conn.execute(
@@ -381,13 +396,10 @@ def _blobs(db: Database):
     for key, data in conn.execute("SELECT hash, CAST(data AS BLOB) FROM blob_dicts"):
         if sha256(data) != key:
             yield Problem("blobs", "blob_dicts", key, "the dictionary's bytes do not hash to its key")
-    for key, size in conn.execute("SELECT hash, size FROM blobs"):
+    for (key,) in conn.execute("SELECT hash FROM blobs"):
         try:
-            payload = store.payload(key)
+            what = store.problem(key)
         except LookupError as exc:
-            yield Problem("blobs", "blobs", key, f"cannot be read: {exc}")
-            continue
-        if len(payload) != size:
-            yield Problem("blobs", "blobs", key, f"decompresses to {len(payload)} bytes, not its size {size}")
-        elif sha256(payload) != key:
-            yield Problem("blobs", "blobs", key, "its payload does not hash to its key")
+            what = f"cannot be read: {exc}"
+        if what is not None:
+            yield Problem("blobs", "blobs", key, what)

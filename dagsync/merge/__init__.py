@@ -25,7 +25,8 @@ each source:
 The key kinds: ``messages`` (dag and hash messages), ``owned`` (rows copied
 with their message), ``integer`` (surrogate ids, natural keys, ids in JSON),
 ``keyed`` (text keys and composite link rows), ``pointers`` (heads and tips:
-fast-forward, keep or fork), ``derived`` (full-text indexes). Re-running
+fast-forward, keep or fork), ``derived`` (full-text indexes); ``proofs``
+proves what is about to be copied. Re-running
 recomputes the plan from the files alone: rows already copied are found by
 key, so a second merge writes nothing.
 """
@@ -46,7 +47,7 @@ from dagsync import blobs, bookkeeping
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.formats import Key, Table
-from dagsync.merge import derived, integer, keyed, messages, owned, pointers
+from dagsync.merge import derived, integer, keyed, messages, owned, pointers, proofs
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 from dagsync.merge.references import check_dangling
 from dagsync.merge.report import MergeReport, SourceReport, TableReport
@@ -184,9 +185,11 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
     except Exception:
         checks.wait()  # a damaged page explains any error better
         raise
-    # Every source's pages checked before anything is written.
+    # Every source's pages checked before anything is written, and every row
+    # to be copied proven by its key (so far: the blobs of packed values).
     checks.wait()
     run.raise_conflicts()
+    proofs.prove(run)
     if run.writer.dry_run:
         return run.report()
     # While nobody else has the target open, in long transactions.
