@@ -446,48 +446,68 @@ def _refuse_a_lost_store(db: Database) -> None:
 
 
 def _prove_references(writer: Writer, db: Database, columns: list[PackedColumn]) -> None:
-    """Prove every blob a packed value of the file refers to, each once, reading it in bounded pieces.
+    """Prove every blob a packed value of the file refers to, before anything is written.
 
-    :raises BlobError: naming the first blob that fails (or is missing).
+    The store is read in file order, every blob proven (a damaged one that
+    nothing refers to is left for gc: unpack drops the store anyway); then
+    each column is searched for a value whose blob is missing.
+
+    :raises BlobError: naming the first blob that fails, or is missing.
     """
-    conn = db.conn
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS unpack_refs (hash TEXT PRIMARY KEY) WITHOUT ROWID")
-    for column in columns:
-        for low, high in writer.ranges(f'main."{column.table}"'):
-            conn.execute(
-                f"INSERT OR IGNORE INTO temp.unpack_refs SELECT substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1}) "
-                f'FROM main."{column.table}" t WHERE t.rowid BETWEEN ? AND ? AND {marker_sql(column, "t")}',
-                (low, high),
-            )
-    store = Blobs(conn)
-    refs = conn.cursor()
-    try:
-        for (blob_hash,) in refs.execute("SELECT hash FROM temp.unpack_refs"):
+    conn, store = db.conn, Blobs(db.conn)
+    for low, high in writer.ranges("main.blobs"):
+        for blob_hash, dict_hash, data, size in conn.execute(
+            "SELECT hash, dict, CAST(data AS BLOB), size FROM main.blobs WHERE rowid BETWEEN ? AND ?", (low, high)
+        ):
             try:
-                problem = store.problem(blob_hash)
+                problem = store.problem_of(blob_hash, dict_hash, data, size)
             except BlobError as exc:  # its dictionary is missing
                 problem = f"cannot be read ({exc})"
-            if problem is not None:
+            if problem is not None and _referred_to(writer, columns, blob_hash):
                 raise damaged(str(db.path), blob_hash, problem)
-    finally:
-        refs.close()
-        conn.execute("DROP TABLE temp.unpack_refs")
+    for column in columns:
+        ref = f"substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1})"
+        for low, high in writer.ranges(f'main."{column.table}"'):
+            for (missing,) in conn.execute(
+                f'SELECT {ref} FROM main."{column.table}" t WHERE t.rowid BETWEEN ? AND ? AND {marker_sql(column, "t")} '
+                f"AND NOT EXISTS (SELECT 1 FROM main.blobs b WHERE b.hash = {ref}) LIMIT 1",
+                (low, high),
+            ):
+                raise damaged(str(db.path), missing, "is missing")
+
+
+def _referred_to(writer: Writer, columns: list[PackedColumn], blob_hash: str) -> bool:
+    """Whether a packed value refers to ``blob_hash`` (asked only of a damaged blob)."""
+    marker = PREFIX + blob_hash
+    for column in columns:
+        value = f"CAST('{marker}' AS BLOB)" if column.holds == "text" else f"'{marker}'"
+        for low, high in writer.ranges(f'main."{column.table}"'):
+            if writer.one(f'SELECT 1 FROM main."{column.table}" WHERE rowid BETWEEN ? AND ? AND "{column.column}" = {value} LIMIT 1', (low, high)):
+                return True
+    return False
 
 
 def _unpack_column(writer: Writer, column: PackedColumn, done: list[int]) -> None:
-    """Put one column's payloads back, a chunk of rows per transaction; count what is committed."""
+    """Put one column's payloads back, a chunk of rows per transaction; count what is committed.
+
+    The store is joined, not looked up a value at a time; each payload is
+    proven again as it is written (``dagsync_blob``), and counted by its size.
+    """
     conn = writer.conn
     table = f'main."{column.table}"'
     kind = "TEXT" if column.holds == "text" else "BLOB"
-    resolved = f"CAST(dagsync_unpack(t.\"{column.column}\", '{column.holds}') AS {kind})"
+    its_blob = f"b.hash = substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1})"
     for low, high in writer.ranges(table, phase=f"unpack: {column.table}.{column.column}", writes=True):
         where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
         with writer.transaction():
             n, size = next(iter(conn.execute(
-                f"SELECT count(*), coalesce(sum(length(CAST({resolved} AS BLOB))), 0) FROM {table} t WHERE {where}"
+                f"SELECT count(*), coalesce(sum(b.size), 0) FROM {table} t JOIN main.blobs b ON {its_blob} WHERE {where}"
             )))  # fmt: skip
             if n and not writer.dry_run:
-                conn.execute(f'UPDATE {table} AS t SET "{column.column}" = {resolved} WHERE {where}')
+                conn.execute(
+                    f'UPDATE {table} AS t SET "{column.column}" = CAST(dagsync_blob(b.hash, b.dict, b.data, b.size) '
+                    f"AS {kind}) FROM main.blobs b WHERE {its_blob} AND {where}"
+                )
             writer.on_commit(functools.partial(_count, done, n, size))
 
 

@@ -28,6 +28,7 @@ The format (docs/blobs.md says it for other programs):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apsw
@@ -39,7 +40,7 @@ from dagsync.formats import PackedColumn
 
 __all__ = [
     "DDL", "MARKER_LENGTH", "MAX_PAYLOAD", "PREFIX", "Blobs", "damaged", "generation", "is_packed", "marker_sql", "meta",
-    "lost_store", "lost_store_error", "payload_bytes", "reference", "register_functions", "sha256",
+    "lost_store", "lost_store_error", "payload_bytes", "prove_referenced", "reference", "register_functions", "sha256",
 ]  # fmt: skip
 
 PREFIX = "dagsync:"
@@ -87,7 +88,9 @@ def sha256(value: str | bytes) -> str:
 # No payload can be longer than the longest value SQLite holds (SQLITE_MAX_LENGTH,
 # 1e9 bytes by default): a blob that says it is longer is refused unread.
 MAX_PAYLOAD = 1_000_000_000
-# ``Blobs.problem`` reads a payload in pieces this long, whatever its size.
+# ``Blobs.problem`` decompresses a payload up to this long at once, and reads a
+# longer one in pieces of STREAM_CHUNK bytes.
+ONE_SHOT = 8 << 20
 STREAM_CHUNK = 1 << 20
 
 
@@ -172,7 +175,10 @@ class Blobs:
         row = self._row(blob_hash)
         if row is None:
             raise BlobError(f"blob {blob_hash} is missing")
-        dict_hash, data, size = row
+        return self.payload_of(blob_hash, *row)
+
+    def payload_of(self, blob_hash: str, dict_hash: str | None, data: bytes, size: Any) -> bytes:
+        """The payload of a blob row, proven by its key and size (``payload``, for a row in hand)."""
         problem = self._frame_problem(data, size)
         if problem is None:
             try:
@@ -187,17 +193,27 @@ class Blobs:
         return out
 
     def problem(self, blob_hash: str) -> str | None:
-        """What is wrong with the blob (None: it is whole), found reading it in
-        pieces of STREAM_CHUNK bytes: memory stays flat whatever it holds."""
+        """What is wrong with the blob (None: it is whole); see ``problem_of``."""
         row = self._row(blob_hash)
         if row is None:
             return "is missing"
-        dict_hash, data, size = row
+        return self.problem_of(blob_hash, *row)
+
+    def problem_of(self, blob_hash: str, dict_hash: str | None, data: bytes, size: Any) -> str | None:
+        """What is wrong with a blob row (None: it is whole). A payload up to
+        ONE_SHOT bytes is decompressed at once; a longer one is read in pieces
+        of STREAM_CHUNK bytes, so memory stays flat whatever a blob holds.
+
+        :raises BlobError: its dictionary is missing.
+        """
         problem = self._frame_problem(data, size)
         if problem is not None:
             return problem
-        digest, length = hashlib.sha256(), 0
         try:
+            if size <= ONE_SHOT:
+                out = self.decompressor(dict_hash).decompress(data)  # allocates ``size``: checked above
+                return _proof(blob_hash, size, len(out), sha256(out))
+            digest, length = hashlib.sha256(), 0
             reader = self.decompressor(dict_hash).stream_reader(data, read_size=STREAM_CHUNK)
             while piece := reader.read(STREAM_CHUNK):
                 length += len(piece)
@@ -237,6 +253,38 @@ class Blobs:
         return self.payload(blob_hash)
 
 
+def prove_referenced(
+    conn: apsw.Connection, schema: str, refs: str, ranges: Callable[[str], Iterator[tuple[int, int]]]
+) -> None:
+    """Prove every blob of ``schema`` whose hash is in the temp table ``refs`` (column
+    ``hash``), reading the store in rowid ``ranges`` (in file order, not a lookup a blob).
+
+    :raises BlobError: naming the first blob that is missing or fails its proof.
+    """
+    store = Blobs(conn, schema)
+    missing = next(iter(conn.execute(
+        f"SELECT r.hash FROM {refs} r WHERE NOT EXISTS (SELECT 1 FROM {schema}.blobs b WHERE b.hash = r.hash) LIMIT 1"
+    )), None)  # fmt: skip
+    if missing is not None:
+        raise damaged(store.filename, missing[0], "is missing")
+    rows = conn.cursor()  # closed however this ends, so the caller may drop ``refs``
+    try:
+        for low, high in ranges(f"{schema}.blobs"):
+            for blob_hash, dict_hash, data, size in rows.execute(
+                f"SELECT b.hash, b.dict, CAST(b.data AS BLOB), b.size FROM {schema}.blobs b "
+                f"WHERE b.rowid BETWEEN ? AND ? AND b.hash IN (SELECT hash FROM {refs})",
+                (low, high),
+            ):
+                try:
+                    problem = store.problem_of(blob_hash, dict_hash, data, size)
+                except BlobError as exc:  # its dictionary is missing
+                    problem = f"cannot be read ({exc})"
+                if problem is not None:
+                    raise damaged(store.filename, blob_hash, problem)
+    finally:
+        rows.close()
+
+
 def damaged(filename: str, blob_hash: str, what: str) -> BlobError:
     """The one-line error for blob ``blob_hash`` of ``filename``, which ``what`` says is wrong."""
     return BlobError(
@@ -265,11 +313,14 @@ def _proof(blob_hash: str, size: int, length: int, digest: str) -> str | None:
 
 def register_functions(conn: apsw.Connection) -> None:
     """``dagsync_unpack(value, holds)`` and ``dagsync_unpack_src(...)``: a value with any
-    blob reference resolved, from the main database or the attached ``src``."""
+    blob reference resolved, from the main database or the attached ``src``;
+    ``dagsync_blob(hash, dict, data, size)``: the proven payload of a row of main's
+    ``blobs`` (for a statement that joins the store rather than look each blob up)."""
     for name, schema in (("dagsync_unpack", "main"), ("dagsync_unpack_src", "src")):
         store = Blobs(conn, schema)
         # Exact bytes: callers CAST them AS TEXT for a text column, byte for byte.
         conn.create_scalar_function(name, store.resolve_bytes, 2, deterministic=False)
+    conn.create_scalar_function("dagsync_blob", Blobs(conn).payload_of, 4, deterministic=False)
 
 
 def meta(conn: apsw.Connection, key: str, schema: str = "main") -> str | None:

@@ -396,9 +396,9 @@ def _blobs(db: Database):
     for key, data in conn.execute("SELECT hash, CAST(data AS BLOB) FROM blob_dicts"):
         if sha256(data) != key:
             yield Problem("blobs", "blob_dicts", key, "the dictionary's bytes do not hash to its key")
-    for (key,) in conn.execute("SELECT hash FROM blobs"):
+    for key, dict_hash, data, size in conn.execute("SELECT hash, dict, CAST(data AS BLOB), size FROM blobs"):
         try:
-            what = store.problem(key)
+            what = store.problem_of(key, dict_hash, data, size)
         except LookupError as exc:
             what = f"cannot be read: {exc}"
         if what is not None:

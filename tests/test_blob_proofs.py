@@ -127,7 +127,13 @@ def garbage(path: Path) -> tuple[str, str]:
     return key, "does not decompress (error when determining content size)"
 
 
-CASES = {"bad-hash": bad_hash, "bad-size": bad_size, "garbage": garbage}
+def missing(path: Path) -> tuple[str, str]:
+    key, _ = a_blob(path)
+    tamper(path, "DELETE FROM blobs WHERE hash = ?", (key,))
+    return key, "is missing"
+
+
+CASES = {"bad-hash": bad_hash, "bad-size": bad_size, "garbage": garbage, "missing": missing}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -171,7 +177,10 @@ def test_verify_names_each_damaged_blob(packed_file, tmp_path, case):
     path = copy(packed_file, tmp_path, "packed.db")
     key, what = CASES[case](path)
     problems = verify(path).problems
-    assert any(p.check == "blobs" and p.key == key and p.what == what for p in problems)
+    if case == "missing":  # named by the value that refers to it
+        assert any(p.check == "blobs" and p.what.endswith(f"refers to blob {key}, which is missing") for p in problems)
+    else:
+        assert any(p.check == "blobs" and p.key == key and p.what == what for p in problems)
 
 
 # -- a decompression bomb: refused before anything is decompressed ----------------------------

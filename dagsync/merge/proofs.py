@@ -17,10 +17,9 @@ in the merge itself is issue 2/6's next step.)
 
 from __future__ import annotations
 
-from dagsync.errors import BlobError
 from dagsync.merge.core import SourceMerge
 from dagsync.merge.references import is_new
-from dagsync.packed import PREFIX, Blobs, damaged, lost_store, lost_store_error, marker_sql
+from dagsync.packed import PREFIX, lost_store, lost_store_error, marker_sql, prove_referenced
 
 __all__ = ["prove"]
 
@@ -50,20 +49,4 @@ def _prove_references(run: SourceMerge) -> None:
                     f"AND {is_new(run, table)}",
                     (low, high),
                 )
-    store = Blobs(c, "src")
-    checked = 0
-    total = run.one("SELECT count(*) FROM temp.blob_refs")
-    refs = c.cursor()  # closed before the temp tables are dropped, however this ends
-    try:
-        for (blob_hash,) in refs.execute("SELECT hash FROM temp.blob_refs"):
-            try:
-                problem = store.problem(blob_hash)
-            except BlobError as exc:  # its dictionary is missing
-                problem = f"cannot be read ({exc})"
-            if problem is not None:
-                raise damaged(str(run.source), blob_hash, problem)
-            checked += 1
-            if checked % 1000 == 0:
-                run.progress("proving packed values", checked, total)
-    finally:
-        refs.close()
+    prove_referenced(c, "src", "temp.blob_refs", lambda table: run.chunks(table))
