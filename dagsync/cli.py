@@ -22,13 +22,14 @@ import click
 import typer
 
 from dagsync import __version__
-from dagsync.blobs import DEFAULT_LEVEL, PackReport, UnpackReport, pack, unpack
+from dagsync.blobs import DEFAULT_LEVEL, PackReport, pack
 from dagsync.canonicalise import CanonicaliseReport, canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
 from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
 from dagsync.sync import sync
+from dagsync.unpack import UnpackReport, unpack
 from dagsync.verify import VerifyReport, verify
 
 app = typer.Typer(

@@ -13,7 +13,7 @@ Each check returns problems naming the table, the key and what is wrong:
   (fragments and attachments resolved, blake2b over parent and content);
 * duplicate identities - two dag messages with one ``(parent_id, content_hash)``,
   two llm parts at one ``(message_hash, position)``;
-* blobs (a packed file, see blobs.py) - every blob decompresses to its size
+* blobs (a packed file, see packed.py) - every blob decompresses to its size
   and re-hashes to its key, every dictionary re-hashes to its key, and every
   packed value refers to a blob the file has. Messages are re-hashed from
   their payloads, resolved.

@@ -14,7 +14,8 @@ pytest.importorskip("llm")
 sqlite_utils = pytest.importorskip("sqlite_utils")
 from llm.logs import LogStore  # noqa: E402
 
-from dagsync.blobs import pack, unpack  # noqa: E402
+from dagsync.blobs import pack  # noqa: E402
+from dagsync.unpack import unpack  # noqa: E402
 from dagsync.merge import merge  # noqa: E402
 from dagsync.verify import verify  # noqa: E402
 from tests.test_real_llm_merge import machines, responses  # noqa: E402, F401 - the machines fixture

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 import dagsync.transactions as transactions
 import dagsync.writer as writer_module
-from dagsync.blobs import pack, unpack
+from dagsync.blobs import pack
+from dagsync.unpack import unpack
 from dagsync.canonicalise import canonicalise
 from dagsync.db import open_target
 from dagsync.errors import DagsyncError

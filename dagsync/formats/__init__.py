@@ -70,7 +70,7 @@ class PackedColumn:
     """A payload column ``pack`` may move into the blob store.
 
     ``holds`` is the storage class llm writes there ("text" or "blob"); a
-    packed value is stored with the other one (see dagsync/blobs.py).
+    packed value is stored with the other one (see dagsync/packed.py).
     """
 
     table: str
