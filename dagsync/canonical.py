@@ -32,7 +32,7 @@ from dagsync.message import (
     ToolResultPart,
 )
 
-__all__ = ["canonical_dict", "canonical_json", "content_hash"]
+__all__ = ["canonical_dict", "canonical_json", "content_hash", "row_content_hash"]
 
 
 def _refuse_floats(value: Any, where: str) -> None:
@@ -125,3 +125,70 @@ def content_hash(message: Message) -> str:
     :raises HashContractError: a float inside provider_metadata.
     """
     return hashlib.sha256(canonical_json(message)).hexdigest()
+
+
+# -- straight from stored rows ------------------------------------------------------
+#
+# What ``content_hash(Message(parts=[store.part_from_row(*row) ...]))`` gives,
+# without building the objects: a merge proves every message it copies with
+# this, so it runs once per copied message. tests/test_canonical.py holds it
+# equal to the object path on every message the strategies make.
+
+
+def _row_attachment(d: dict[str, Any]) -> dict[str, Any]:
+    out = {key: d[key] for key in ("type", "url", "path") if d.get(key)}
+    content = d.get("content")
+    if isinstance(content, str):
+        content = base64.b64decode(content)
+    if content:
+        out["content"] = base64.b64encode(content).decode("ascii")
+    return out
+
+
+def _row_part(part_type: str, content: str | None, content_json: str | None, tool_call_id: str | None, server_executed: int | None) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads(content_json) if content_json else {}
+    pm = d.get("provider_metadata")
+    if part_type == "text":
+        return _metadata({"type": "text", "text": content or ""}, pm, "part")
+    if part_type == "reasoning":
+        out: dict[str, Any] = {"type": "reasoning", "text": content or ""}
+        if d.get("redacted", False):
+            out["redacted"] = True
+        if d.get("token_count") is not None:
+            out["token_count"] = d["token_count"]
+        return _metadata(out, pm, "part")
+    if part_type in ("tool_call", "tool_result"):
+        if part_type == "tool_call":
+            out = {"type": "tool_call", "name": d.get("name", ""), "arguments": d.get("arguments", {})}
+        else:
+            out = {"type": "tool_result", "name": d.get("name", ""), "output": content or ""}
+        if tool_call_id is not None:
+            out["tool_call_id"] = tool_call_id
+        if server_executed:
+            out["server_executed"] = True
+        if part_type == "tool_result":
+            if d.get("exception") is not None:
+                out["exception"] = d["exception"]
+            attachments = [_row_attachment(a) for a in d.get("attachments", ())]
+            if attachments:
+                out["attachments"] = attachments
+        return _metadata(out, pm, "part")
+    if part_type == "attachment":
+        if not content_json or ("attachment" in d and d["attachment"] is None):
+            return {"type": "attachment"}
+        return {"type": "attachment", "attachment": _row_attachment(d)}
+    raise ValueError(f"unknown part_type {part_type!r}")
+
+
+def row_content_hash(role: str, provider_metadata_json: str | None, parts: list[tuple]) -> str:
+    """The content hash of a message as stored: its row's role and provider
+    metadata, and its ``message_parts`` rows ``(part_type, content,
+    content_json, tool_call_id, server_executed)`` in order.
+
+    :raises ValueError: a part that cannot be read back (bad JSON, an unknown type).
+    :raises HashContractError: a float inside provider_metadata.
+    """
+    d = {"role": role, "parts": [_row_part(*part) for part in parts]}
+    _metadata(d, json.loads(provider_metadata_json) if provider_metadata_json else None, "message")
+    canonical = json.dumps(d, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -36,6 +36,7 @@ __all__ = [
     "Database",
     "SourceChecks",
     "create_private_file",
+    "harden",
     "open_source",
     "open_unchecked_source",
     "open_target",
@@ -107,7 +108,7 @@ def _check_file(path: Path) -> None:
         )
 
 
-def _harden(conn: apsw.Connection) -> None:
+def harden(conn: apsw.Connection) -> None:
     """No SQL stored in the file runs with more power than plain data needs."""
     conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
     conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
@@ -268,7 +269,7 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
     except apsw.Error as exc:
         raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
     try:
-        _harden(conn)
+        harden(conn)
         if quick_check:
             _quick_check(conn, path)
         fmt = detect_format(conn, path)
@@ -311,7 +312,7 @@ class SourceChecks:
                 self._failure = NotADatabase(f"{path} cannot be opened: {exc}")
                 return
             try:
-                _harden(conn)
+                harden(conn)
                 _quick_check(conn, path)
             except NotADatabase as exc:
                 self._failure = exc
@@ -350,7 +351,7 @@ def _connect_target(path: Path) -> apsw.Connection:
     # the target's own path is passed as a plain path, never a URI.
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI
     conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
-    _harden(conn)
+    harden(conn)
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA foreign_keys = OFF")
     # Merges insert into several indexes at once; SQLite's default 2 MiB

@@ -174,7 +174,7 @@ class Blobs:
         """
         row = self._row(blob_hash)
         if row is None:
-            raise BlobError(f"blob {blob_hash} is missing")
+            raise self.damaged(blob_hash, "is missing")
         return self.payload_of(blob_hash, *row)
 
     def payload_of(self, blob_hash: str, dict_hash: str | None, data: bytes, size: Any) -> bytes:

@@ -25,14 +25,25 @@ def sync(
     dry_run: bool = False,
     progress: Progress | None = None,
 ) -> SyncReport:
-    """Merge ``b`` into ``a``, then ``a`` into ``b``, then settle.
+    """Merge ``b`` into ``a``, then ``a`` into ``b``, then settle; nothing is
+    written to either unless both are proven (see below).
 
     The second merge reads ``a`` after the first has finished, so ``b``
     receives everything both held. A conversation that diverged keeps each
     file's own head and gains a fork row for the other's; the fork rows the
     second merge adds to ``b`` go back to ``a`` in a third, small merge, after
     which merging either way writes nothing.
+
+    Before any of that, ``a`` into ``b`` is planned as a dry run: the first
+    merge proves ``b``'s rows before it writes them into ``a``, and this
+    proves ``a``'s, so a damaged or conflicting file is refused with both
+    files as they were.
     """
+    if not dry_run:
+        # Both files are targets, and each is the other's source: A's rows are
+        # proven (and any conflict found) by planning B's merge first, so a
+        # damaged A is refused before B's rows are written into it.
+        merge(b, [a], dry_run=True, progress=progress)
     into_a = merge(a, [b], dry_run=dry_run, progress=progress)
     into_b = merge(b, [a], dry_run=dry_run, progress=progress)
     settle = None

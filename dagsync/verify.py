@@ -21,21 +21,24 @@ Each check returns problems naming the table, the key and what is wrong:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import apsw
 
-from dagsync.canonical import content_hash
 from dagsync.db import Database, open_source
-from dagsync.errors import HashContractError
+from dagsync.errors import BlobError
 from dagsync.formats.dag import DAG
-from dagsync.message import Message
 from dagsync.packed import Blobs, lost_store, marker_sql, sha256
-from dagsync.store import part_from_row
+from dagsync.rehash import (
+    DAG_COLUMNS,
+    LLM_COLUMNS,
+    LlmLookups,
+    dag_failures,
+    key_sql,
+    llm_failures,
+    register_key_recipes,
+)
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -83,6 +86,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
             "cycles": _cycles,
             "duplicate identities": _duplicates,
             "content": _rehash_dag if db.format is DAG else _rehash_llm,
+            "keys": _keys,
             "blobs": _blobs,
         }
         problems: list[Problem] = []
@@ -192,174 +196,47 @@ def _duplicates(db: Database):
 def _rehash_dag(db: Database):
     """Every message's parts, read back, hash to its content_hash (the spec's contract)."""
     rows = db.conn.execute(
-        "SELECT m.id, m.role, m.provider_metadata_json, m.content_hash, p.part_type, p.content, "
-        'p.content_json, p.tool_call_id, p.server_executed FROM messages m LEFT JOIN message_parts p '
-        'ON p.message_id = m.id WHERE m.id != \'root\' ORDER BY m.id, p."order"'
+        f"SELECT {DAG_COLUMNS} FROM messages m LEFT JOIN message_parts p "
+        "ON p.message_id = m.id WHERE m.id != 'root' ORDER BY m.id, p.\"order\""
     )
-    blobs = Blobs(db.conn)
-    current: list[Any] | None = None
-    for mid, role, pm, stored, *part in rows:
-        if current is None or current[0] != mid:
-            if current is not None:
-                yield from _check_dag(*current, blobs)
-            current = [mid, role, pm, stored, []]
-        if part[0] is not None:
-            current[4].append(part)
-    if current is not None:
-        yield from _check_dag(*current, blobs)
-
-
-def _check_dag(mid: str, role: str, pm: str | None, stored: str, parts: list, blobs: Blobs):
-    try:
-        message = Message(
-            role=role,
-            parts=tuple(
-                part_from_row(ptype, blobs.resolve(content, "text"), blobs.resolve(cjson, "text"), *rest)
-                for ptype, content, cjson, *rest in parts
-            ),
-            provider_metadata=json.loads(pm) if pm else None,
-        )
-        digest = content_hash(message)
-    except (ValueError, LookupError, HashContractError) as exc:
-        yield Problem("content", "messages", mid, f"its parts cannot be read back: {exc}")
-        return
-    if digest != stored:
-        yield Problem(
-            "content", "messages", mid,
-            f"its parts hash to {digest[:12]}, not its content_hash {stored[:12]} (a part was "
-            "changed, lost, or written by the DAG branch's lossy mapping)",
-        )  # fmt: skip
-
-
-# -- the llm format's own hash, as llm 0.36 computes it (llm/logs.py) ----------------
-
-_LLM_KEEP = {
-    # part type -> the keys llm's Part.to_dict writes, and when
-    "text": ("text",),
-    "reasoning": ("text", "redacted"),
-    "tool_call": ("name", "arguments", "tool_call_id", "server_executed"),
-    "tool_result": ("name", "output", "tool_call_id", "server_executed", "exception", "attachments"),
-    "attachment": ("attachment",),
-}
-
-
-def _llm_part(payload: dict[str, Any], attachments: dict[str, dict]) -> dict[str, Any]:
-    """llm's ``Part.to_dict()`` of a stored part, attachments as hashed (id and type)."""
-    kind = payload["type"]
-    d: dict[str, Any] = {"type": kind}
-    for k in _LLM_KEEP.get(kind, ()):
-        if k not in payload:
-            continue
-        value = payload[k]
-        if k in ("redacted", "server_executed") and not value:
-            continue
-        if k in ("tool_call_id", "exception") and value is None:
-            continue
-        if k == "attachment":
-            value = attachments[value["id"]]
-        if k == "attachments":
-            if not value:
-                continue
-            value = [attachments[ref["id"]] for ref in value]
-        d[k] = value
-    if kind in ("text", "reasoning") and "text" not in d:
-        d["text"] = ""
-    if payload.get("provider_metadata"):
-        d["provider_metadata"] = payload["provider_metadata"]
-    return d
-
-
-def _llm_attachment(row: tuple) -> dict[str, Any]:
-    """llm's ``_canonical_attachment``: content identity plus the stored type."""
-    att_id, att_type, att_path, url, content = row
-    if content:
-        content_id = hashlib.sha256(content).hexdigest()
-    elif att_path:
-        try:
-            with open(att_path, "rb") as f:
-                content_id = hashlib.sha256(f.read()).hexdigest()
-        except OSError:
-            content_id = f"missing:{att_path}"
-    else:
-        content_id = hashlib.sha256(json.dumps({"url": url}).encode("utf-8")).hexdigest()
-    return {"id": content_id, "type": att_type}
-
-
-def _llm_hash(message: dict[str, Any], parent: str | None) -> str:
-    canonical = json.dumps({"parent": parent, "message": message}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "b2:" + hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).hexdigest()
+    for mid, what in dag_failures(rows, Blobs(db.conn)):
+        yield Problem("content", "messages", mid, what)
 
 
 def _rehash_llm(db: Database):
+    """Every message's parent and parts, read back, hash to its key (llm's recipe)."""
+    blobs = Blobs(db.conn)
+    rows = db.conn.execute(
+        f"SELECT {LLM_COLUMNS} FROM messages m LEFT JOIN parts p ON p.message_hash = m.hash ORDER BY m.hash, p.position"
+    )
+    for mhash, what in llm_failures(rows, LlmLookups(db.conn, blobs)):
+        yield Problem("content", "messages", mhash, what)
+
+
+def _keys(db: Database):
+    """Every row keyed by a hash of its content (``Format.proven``) gives its key."""
     conn = db.conn
+    register_key_recipes(conn)
     blobs = Blobs(conn)
 
-    def fragment(fid: int) -> str | None:
-        content = next(iter(conn.execute("SELECT content FROM fragments WHERE id = ?", (fid,))), (None,))[0]
-        return blobs.resolve(content, "text")
+    def resolved(value, holds):
+        try:
+            return blobs.resolve_bytes(value, holds)
+        except BlobError:
+            return None  # the blobs check names it
 
-    def attachment_row(aid: str) -> tuple | None:
-        row = next(iter(conn.execute("SELECT id, type, path, url, content FROM attachments WHERE id = ?", (aid,))), None)
-        return None if row is None else (*row[:4], blobs.resolve(row[4], "blob"))
-
-    rows = conn.execute(
-        "SELECT m.hash, m.parent_hash, m.role, m.provider_metadata, p.type, p.text, p.payload "
-        "FROM messages m LEFT JOIN parts p ON p.message_hash = m.hash ORDER BY m.hash, p.position"
-    )
-    current: list[Any] | None = None
-    for mhash, parent, role, pm, ptype, text, payload in rows:
-        if current is None or current[0] != mhash:
-            if current is not None:
-                yield from _check_llm(current, fragment, attachment_row)
-            current = [mhash, parent, role, pm, []]
-        if ptype is not None:
-            current[4].append((ptype, text, payload, blobs))
-    if current is not None:
-        yield from _check_llm(current, fragment, attachment_row)
-
-
-def _check_llm(current: list, fragment, attachment_row):
-    mhash, parent, role, pm, parts = current
-    try:
-        dicts = []
-        for ptype, text, payload, blobs in parts:
-            text, payload = blobs.resolve(text, "text"), blobs.resolve(payload, "text")
-            d = json.loads(payload) if payload else {}
-            d["type"] = ptype
-            if text is not None:
-                d["text"] = text
-            pieces = d.pop("text_ref", None)
-            if pieces is not None:
-                resolved = []
-                for piece in pieces:
-                    if "literal" in piece:
-                        resolved.append(piece["literal"])
-                    else:
-                        content = fragment(piece["fragment"])
-                        if content is None:
-                            raise LookupError(f"fragment {piece['fragment']} it borrows text from is missing")
-                        resolved.append(content)
-                d["text"] = "".join(resolved)
-            ids = [d["attachment"]["id"]] if ptype == "attachment" and "attachment" in d else [
-                ref["id"] for ref in d.get("attachments") or ()
-            ]  # fmt: skip
-            attachments = {}
-            for aid in ids:
-                row = attachment_row(aid)
-                if row is None:
-                    raise LookupError(f"attachment {aid} it refers to is missing")
-                attachments[aid] = _llm_attachment(row)
-            dicts.append(_llm_part(d, attachments))
-        message: dict[str, Any] = {"role": role, "parts": dicts}
-        metadata = json.loads(pm) if pm else None
-        if metadata:
-            message["provider_metadata"] = metadata
-    except (LookupError, ValueError, KeyError, TypeError) as exc:
-        yield Problem("content", "messages", mhash, f"its parts cannot be read back: {exc}")
-        return
-    digest = _llm_hash(message, parent)
-    if digest != mhash:
-        yield Problem("content", "messages", mhash, f"its parts and parent hash to {digest}, not to its own hash")
+    conn.create_scalar_function("dagsync_verify_resolved", resolved, 2)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    packed_columns = {(c.table, c.column): c for c in db.format.packed}
+    resolve = "dagsync_verify_resolved" if blobs.exists() or lost_store(conn) else None
+    for proof in db.format.proven:
+        if proof.table not in tables:
+            continue
+        computed = key_sql(proof, "s", packed_columns, resolve)
+        for key, digest in conn.execute(
+            f'SELECT s."{proof.key}", {computed} FROM "{proof.table}" s WHERE {computed} != s."{proof.key}"'
+        ):
+            yield Problem("keys", proof.table, str(key), f"its content hashes to {digest}, not to its key")
 
 
 def _blobs(db: Database):

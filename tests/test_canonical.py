@@ -6,10 +6,12 @@ import json
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from dagsync.canonical import canonical_json, content_hash
+from dagsync.canonical import canonical_json, content_hash, row_content_hash
 from dagsync.errors import HashContractError
 from dagsync.message import Attachment, AttachmentPart, Message, ReasoningPart, TextPart, ToolCallPart
+from dagsync.store import part_from_row, part_row
 from tests.conftest import DATA, SHARED
 from tests.strategies import messages
 
@@ -95,3 +97,67 @@ class TestLaws:
     def test_canonical_json_is_sorted_and_compact(self, message):
         raw = canonical_json(message).decode("utf-8")
         assert raw == json.dumps(json.loads(raw), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+# -- straight from stored rows: row_content_hash is content_hash of the objects ------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+_attachment_dicts = st.fixed_dictionaries({}, optional={
+    "type": st.none() | st.sampled_from(["", "image/png"]),
+    "url": st.none() | st.sampled_from(["", "https://x/y"]),
+    "path": st.none() | st.sampled_from(["", "/tmp/a"]),
+    "content": st.none() | st.sampled_from(["", "aGk=", "aGk", "a?Gk="]),
+})  # fmt: skip
+_part_json = st.none() | st.fixed_dictionaries({}, optional={
+    "provider_metadata": st.none() | st.dictionaries(st.sampled_from(["a", "b"]), _json_values, max_size=2),
+    "redacted": st.none() | st.booleans() | st.integers(0, 1),
+    "token_count": st.none() | st.integers(0, 3),
+    "name": st.text(max_size=3),
+    "arguments": _json_values,
+    "exception": st.none() | st.text(max_size=3),
+    "attachments": st.lists(_attachment_dicts, max_size=2),
+    "attachment": st.none() | _attachment_dicts,
+    "type": st.none() | st.sampled_from(["", "image/png"]),
+    "url": st.none() | st.sampled_from(["", "https://x/y"]),
+    "content": st.none() | st.sampled_from(["", "aGk="]),
+}).map(json.dumps)  # fmt: skip
+_part_rows = st.tuples(
+    st.sampled_from(["text", "reasoning", "tool_call", "tool_result", "attachment"]),
+    st.none() | st.text(max_size=5),
+    _part_json,
+    st.none() | st.text(max_size=3),
+    st.none() | st.integers(0, 1),
+)
+
+
+def _by_objects(role: str, pm_json: str | None, rows: list[tuple]) -> str:
+    parts = tuple(part_from_row(*row) for row in rows)
+    return content_hash(Message(role=role, parts=parts, provider_metadata=json.loads(pm_json) if pm_json else None))
+
+
+def _outcome(fn, *args) -> object:
+    try:
+        return fn(*args)
+    except Exception as exc:  # the two paths must fail alike too
+        return type(exc)
+
+
+@given(messages)
+def test_row_hash_of_stored_rows_is_the_content_hash(message: Message) -> None:
+    rows = [part_row(p) for p in message.parts]
+    pm_json = json.dumps(message.provider_metadata) if message.provider_metadata else None
+    assert row_content_hash(message.role, pm_json, rows) == content_hash(message)
+
+
+@given(
+    st.sampled_from(["user", "assistant", "tool"]),
+    st.none() | st.dictionaries(st.sampled_from(["a", "b"]), _json_values, max_size=2).map(json.dumps),
+    st.lists(_part_rows, max_size=3),
+)
+def test_row_hash_of_any_rows_matches_the_object_path(role: str, pm_json: str | None, rows: list[tuple]) -> None:
+    """Rows as any writer may leave them (the branch's too): both paths agree, or both fail alike."""
+    assert _outcome(row_content_hash, role, pm_json, rows) == _outcome(_by_objects, role, pm_json, rows)

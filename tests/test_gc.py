@@ -19,6 +19,7 @@ from dagsync.db import open_target
 from dagsync.errors import DagsyncError
 from dagsync.formats.llm import LLM
 from dagsync.gc import _Gc, gc, parse_grace
+from dagsync.merkle import message_hash
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore, part_row
 from dagsync.verify import verify
@@ -67,14 +68,24 @@ def dag_db(path: Path, nodes: list[tuple[str, str, str]], heads: dict[str, str],
     return path
 
 
-def llm_db(path: Path, nodes: list[tuple[str, str | None]], tips: dict[str, str], turns: list[tuple[str | None, str]]) -> Path:
-    """An llm file: messages (hash, parent hash) each with one text part;
-    threads id -> tip; turns (parent hash, tip hash)."""
+def llm_db(
+    path: Path, nodes: list[tuple[str, str | None]], tips: dict[str, str], turns: list[tuple[str | None, str]],
+    *, proven: bool = False,
+) -> Path:
+    """An llm file: messages (hash, parent hash) each with one text part ("text of NAME");
+    threads id -> tip; turns (parent hash, tip hash). The keys are the names
+    given, unless ``proven``: then each message gets its real key, ``llm_keys(nodes)[name]``
+    (a merge proves every message it copies)."""
+    keys = llm_keys(nodes) if proven else {name: name for name, _ in nodes}
+    real = lambda name: None if name is None else keys.get(name, name)  # noqa: E731
     open_target(path, create=LLM).close()
     conn = sqlite3.connect(path)
-    for h, parent in nodes:
-        conn.execute("INSERT INTO messages (hash, parent_hash, role) VALUES (?, ?, 'user')", (h, parent))
-        conn.execute("INSERT INTO parts (message_hash, position, type, text) VALUES (?, 0, 'text', ?)", (h, f"text of {h}"))
+    tips = {tid: real(tip) for tid, tip in tips.items()}
+    turns = [(real(parent), real(tip)) for parent, tip in turns]
+    for name, parent in nodes:
+        h = real(name)
+        conn.execute("INSERT INTO messages (hash, parent_hash, role) VALUES (?, ?, 'user')", (h, real(parent)))
+        conn.execute("INSERT INTO parts (message_hash, position, type, text) VALUES (?, 0, 'text', ?)", (h, f"text of {name}"))
     for tid, tip in tips.items():
         conn.execute("INSERT INTO threads (id, name, tip_message_hash) VALUES (?, 't', ?)", (tid, tip))
     for n, (parent, tip) in enumerate(turns):
@@ -85,6 +96,23 @@ def llm_db(path: Path, nodes: list[tuple[str, str | None]], tips: dict[str, str]
     conn.commit()
     conn.close()
     return path
+
+
+def llm_keys(nodes: list[tuple[str, str | None]]) -> dict[str, str]:
+    """name -> the key llm gives the message ``llm_db`` stores for it (its parent's key in it)."""
+    parents = dict(nodes)
+    out: dict[str, str] = {}
+
+    def key(name: str) -> str:
+        if name not in out:
+            parent = parents[name]
+            message = {"role": "user", "parts": [{"type": "text", "text": f"text of {name}"}]}
+            out[name] = message_hash(message, None if parent is None else key(parent))
+        return out[name]
+
+    for name, _ in nodes:
+        key(name)
+    return out
 
 
 def keys(path: Path, sql: str) -> set:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dagsync.canonical import row_content_hash
 from dagsync.errors import DamagedSource, MergeConflict, NotADatabase, UnsupportedDatabase
 from dagsync.merge import merge
 from dagsync.message import Message, TextPart
@@ -276,7 +278,9 @@ class TestSourcesAreReadOnlyAndUntrusted:
         with sqlite3.connect(hostile) as conn:
             theirs = {pid for (pid,) in conn.execute("SELECT id FROM message_parts")}
             part = min(taken - theirs)
-            conn.execute("INSERT INTO messages VALUES ('new-one', 'root', 'h-new', 'user', NULL, 'x')")
+            # Its content hash is right: the part's id is all that is wrong with it.
+            digest = row_content_hash("user", None, [("text", "hi", None, None, None)])
+            conn.execute("INSERT INTO messages VALUES ('new-one', 'root', ?, 'user', NULL, 'x')", (digest,))
             conn.execute(
                 "INSERT INTO message_parts (id, message_id, \"order\", part_type, content) VALUES (?, 'new-one', 0, 'text', 'hi')",
                 (part,),
@@ -383,7 +387,7 @@ class TestIntegerKeys:
             with MessageStore.open(path) as store:
                 store.conn.execute(
                     "INSERT INTO fragments (id, hash, content, datetime_utc, source) VALUES (1, ?, ?, 'now', '-')",
-                    (text, text),
+                    (hashlib.sha256(text.encode()).hexdigest(), text),
                 )
                 store.conn.execute("INSERT INTO responses (id, prompt) VALUES (?, 'p')", (f"r-{name}",))
                 store.conn.execute("INSERT INTO prompt_fragments VALUES (?, 1, 0)", (f"r-{name}",))

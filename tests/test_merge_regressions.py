@@ -277,7 +277,11 @@ class TestLlmFormatDamage:
         assert not target.exists()
 
     def test_children_stored_before_their_parents(self, tmp_path):
-        src = self.llm_file(tmp_path / "s.db", [("b2:child", "b2:parent"), ("b2:parent", None)])
+        from dagsync.merkle import message_hash
+
+        parent = message_hash({"role": "user", "parts": []}, None)
+        child = message_hash({"role": "user", "parts": []}, parent)
+        src = self.llm_file(tmp_path / "s.db", [(child, parent), (parent, None)])
         merge(tmp_path / "t.db", [src])
         assert integrity_llm(tmp_path / "t.db") == []
 

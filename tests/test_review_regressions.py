@@ -3,6 +3,7 @@ failed before its fix (reproductions by a review helper, /tmp/review/ at the tim
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -17,8 +18,9 @@ from dagsync.db import open_target
 from dagsync.errors import DagsyncError, DamagedSource, UnsupportedDatabase
 from dagsync.gc import _Gc, gc
 from dagsync.merge import merge
+from dagsync.unpack import unpack
 from dagsync.verify import verify
-from tests.test_gc import DAY, NOW, OLD, dag_db, keys, llm_db
+from tests.test_gc import DAY, NOW, OLD, dag_db, keys, llm_db, llm_keys
 
 
 def rows(path: Path, sql: str) -> list[tuple]:
@@ -70,13 +72,15 @@ def test_gc_waits_for_a_merge_from_its_plan_on(tmp_path):
 
 
 def test_gc_keeps_shared_rows_while_a_merge_copies(tmp_path):
-    target = llm_db(tmp_path / "t.db", [("b2:t", None)], tips={"t": "b2:t"}, turns=[])
+    prompt = "the system prompt"
+    digest = hashlib.sha256(prompt.encode()).hexdigest()
+    target = llm_db(tmp_path / "t.db", [("b2:t", None)], tips={"t": "b2:t"}, turns=[], proven=True)
     with sqlite3.connect(target) as conn:  # unreferenced, its grace clock started long ago
-        conn.execute("INSERT INTO fragments (id, hash, content) VALUES (5, 'h5', 'the system prompt')")
+        conn.execute("INSERT INTO fragments (id, hash, content) VALUES (5, ?, ?)", (digest, prompt))
     gc(target, now=NOW)
-    source = llm_db(tmp_path / "s.db", [("b2:s", None)], tips={"s": "b2:s"}, turns=[])
+    source = llm_db(tmp_path / "s.db", [("b2:s", None)], tips={"s": "b2:s"}, turns=[], proven=True)
     with sqlite3.connect(source) as conn:  # the source uses the same fragment (matched by hash)
-        conn.execute("INSERT INTO fragments (id, hash, content) VALUES (1, 'h5', 'the system prompt')")
+        conn.execute("INSERT INTO fragments (id, hash, content) VALUES (1, ?, ?)", (digest, prompt))
         conn.execute("INSERT INTO part_fragments SELECT id, 1, 0 FROM parts")
     seen = []
 
@@ -158,25 +162,38 @@ def test_a_packed_sources_dangling_json_reference_stops_the_merge_before_any_wri
     assert target.read_bytes() == before
 
 
-def test_payloads_that_are_not_utf8_survive_pack_and_a_packed_merge(tmp_path):
-    source = llm_db(tmp_path / "s.db", [("b2:a", None), ("b2:b", "b2:a")], tips={"s": "b2:b"}, turns=[])
+def test_payloads_that_are_not_utf8_survive_pack_and_unpack_and_a_merge_names_them(tmp_path):
+    """Bytes that are not UTF-8 in a TEXT column come back exactly from pack and
+    unpack. A merge cannot prove such a message (neither llm nor its hash can
+    read the text): it names the message and writes nothing."""
+    nodes = [("b2:a", None), ("b2:b", "b2:a")]
+    key = llm_keys(nodes)
+    source = llm_db(tmp_path / "s.db", nodes, tips={"s": "b2:b"}, turns=[], proven=True)
     with sqlite3.connect(source) as conn:
-        conn.execute("UPDATE parts SET text = CAST(x'6361666580' AS TEXT) WHERE message_hash = 'b2:b'")  # short
-        conn.execute("UPDATE parts SET text = CAST(? AS TEXT) WHERE message_hash = 'b2:a'", (b"long \xff " * 100,))
+        conn.execute("UPDATE parts SET text = CAST(x'6361666580' AS TEXT) WHERE message_hash = ?", (key["b2:b"],))  # short
+        conn.execute("UPDATE parts SET text = CAST(? AS TEXT) WHERE message_hash = ?", (b"long \xff " * 100, key["b2:a"]))
     expected = rows(source, "SELECT message_hash, hex(text), typeof(text) FROM parts ORDER BY 1")
     packed = tmp_path / "p.db"
     shutil.copyfile(source, packed)
     assert pack(packed).payload_bytes > 0
-    target = llm_db(tmp_path / "t.db", [("b2:x", None)], tips={"x": "b2:x"}, turns=[])
-    merge(target, [packed])
-    got = rows(target, "SELECT message_hash, hex(text), typeof(text) FROM parts WHERE message_hash != 'b2:x' ORDER BY 1")
-    assert got == expected
+    target = llm_db(tmp_path / "t.db", [("b2:x", None)], tips={"x": "b2:x"}, turns=[], proven=True)
+    before = target.read_bytes()
+    with pytest.raises(DamagedSource) as info:
+        merge(target, [packed])
+    assert str(info.value) == (
+        f"{packed}: message {key['b2:a']} does not match its key: its parts cannot be read back: 'utf-8' codec "
+        "can't decode byte 0xff in position 5: invalid start byte; it was not copied, and nothing was merged - "
+        f"run `dagsync verify {packed}` to see every damaged row, and restore the source from a backup"
+    )
+    assert target.read_bytes() == before
+    unpack(packed)
+    assert rows(packed, "SELECT message_hash, hex(text), typeof(text) FROM parts ORDER BY 1") == expected
 
 
 def test_the_same_divergence_merged_from_differently_named_files_does_not_conflict(tmp_path):
     thread = "01jh0000000000000000000000"  # a ULID, as llm writes
-    a = llm_db(tmp_path / "a.db", [("b2:m1", None), ("b2:m2", "b2:m1")], tips={thread: "b2:m2"}, turns=[])
-    c = llm_db(tmp_path / "c.db", [("b2:m1", None), ("b2:m3", "b2:m1")], tips={thread: "b2:m3"}, turns=[])
+    a = llm_db(tmp_path / "a.db", [("b2:m1", None), ("b2:m2", "b2:m1")], tips={thread: "b2:m2"}, turns=[], proven=True)
+    c = llm_db(tmp_path / "c.db", [("b2:m1", None), ("b2:m3", "b2:m1")], tips={thread: "b2:m3"}, turns=[], proven=True)
     x, y, c2 = tmp_path / "x.db", tmp_path / "y.db", tmp_path / "c-copy.db"
     for copy, original in ((x, a), (y, a), (c2, c)):
         shutil.copyfile(original, copy)

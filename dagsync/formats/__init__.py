@@ -22,7 +22,7 @@ from importlib import resources
 import apsw
 
 __all__ = [
-    "Collect", "Format", "JsonRef", "Key", "PackedColumn", "PayloadRef", "Table", "normalise_sql",
+    "Collect", "Format", "JsonRef", "Key", "KeyProof", "PackedColumn", "PayloadRef", "Table", "normalise_sql",
 ]  # fmt: skip
 
 
@@ -76,6 +76,18 @@ class PackedColumn:
     table: str
     column: str
     holds: str = "text"
+
+
+@dataclass(frozen=True)
+class KeyProof:
+    """A table keyed by a hash of its own content: ``recipe`` (a name in
+    ``merkle.KEY_RECIPES``) of ``columns`` gives ``key``, or None where the
+    file does not hold what the key was made from."""
+
+    table: str
+    key: str
+    recipe: str
+    columns: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,8 @@ class Format:
     payload_refs: tuple[PayloadRef, ...] = ()
     # Payload columns the blob store may hold.
     packed: tuple[PackedColumn, ...] = ()
+    # Tables (besides messages) whose key a merge re-computes for every row it copies.
+    proven: tuple[KeyProof, ...] = ()
 
     @cached_property
     def schema_sql(self) -> str:

@@ -5,7 +5,7 @@ Messages are ULID-keyed rows linked by ``parent_id``; a message's identity is
 See shared/spec/dag-format.md.
 """
 
-from dagsync.formats import Collect, Format, Key, PackedColumn, Table
+from dagsync.formats import Collect, Format, Key, KeyProof, PackedColumn, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 ROOT = "root"
@@ -48,4 +48,11 @@ DAG = Format(
     # Written in two spellings (see the spec); SQLite's date functions read both.
     message_time="created_at",
     packed=(PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json")),
+    # The spec keys an attachment by the sha256 of its content (one that is
+    # only a URL or a path cannot be proven from the file) and says nothing
+    # of a schema's id.
+    proven=(
+        KeyProof("fragments", "hash", "fragment", ("content",)),
+        KeyProof("attachments", "id", "attachment-content", ("content",)),
+    ),
 )

@@ -6,7 +6,16 @@ same row in every file. ``threads`` point at a tip, ``turns`` record one
 model call each. See shared/spec/llm-0.36-schema.sql.
 """
 
-from dagsync.formats import Collect, Format, JsonRef, Key, PackedColumn, PayloadRef, Table
+from dagsync.formats import (
+    Collect,
+    Format,
+    JsonRef,
+    Key,
+    KeyProof,
+    PackedColumn,
+    PayloadRef,
+    Table,
+)
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 # Every migration llm 0.36 has; a file dagsync creates in this format records
@@ -72,5 +81,10 @@ LLM = Format(
     packed=(
         PackedColumn("parts", "text"), PackedColumn("parts", "payload"),
         PackedColumn("fragments", "content"), PackedColumn("attachments", "content", holds="blob"),
+    ),
+    proven=(
+        KeyProof("fragments", "hash", "fragment", ("content",)),
+        KeyProof("attachments", "id", "attachment", ("url", "content")),
+        KeyProof("schemas", "id", "schema", ("content",)),
     ),
 )

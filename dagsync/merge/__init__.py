@@ -169,6 +169,7 @@ def _merge_source(target: Database, source: Path, checks: SourceChecks, writer: 
 
 def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
     """Check, plan every table in reference order, apply in the same order, report."""
+    message_proofs = None
     try:
         run.attach()
         _check_migrations(run)
@@ -177,17 +178,26 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
             run.progress(f"planning {table.name}", step, len(order))
             kind = _kind(table)
             kind.plan(run, table)
+            if kind is messages:
+                # Re-hashed in a thread while the rest is planned.
+                message_proofs = proofs.MessageProofs.start(run, table.key)
             if kind is not derived:
                 check_dangling(run, table)
             if table.pointer:
                 pointers.plan(run, table)
         run.progress("planned", len(order), len(order))
+        # Every source's pages checked before anything is written, and every
+        # row to be copied proven by its key.
+        checks.wait()
+        if message_proofs is not None:
+            run.progress("proving messages", 0, 1)
+            message_proofs.wait()
+            message_proofs = None
     except Exception:
+        if message_proofs is not None:
+            message_proofs.stop()
         checks.wait()  # a damaged page explains any error better
         raise
-    # Every source's pages checked before anything is written, and every row
-    # to be copied proven by its key (so far: the blobs of packed values).
-    checks.wait()
     run.raise_conflicts()
     proofs.prove(run)
     if run.writer.dry_run:

@@ -2,8 +2,17 @@
 
 A source is untrusted: a row is copied only once what its key stands for is
 checked, in the plan, so that a row that fails is named and nothing at all
-is written. What is proven so far:
+is written. Only rows that are copied are proven: a re-merge that copies
+nothing hashes nothing. What is proven:
 
+* **messages.** Every message the plan copies is re-hashed from the
+  source's rows (``rehash``): a dag message's role, metadata and parts must
+  hash to its ``content_hash`` by the spec's contract, an llm message's
+  parent, role and parts (fragments and attachments resolved) to its key by
+  llm's recipe. The hashing runs in a thread on its own connection to the
+  source (``MessageProofs``), started when the messages are planned, while
+  the rest of the plan goes on: SQLite's work runs without the GIL, so the
+  two share both cores. The copy waits for its verdict.
 * **packed values.** A packed source's rows hold references to its blob
   store, and a packed target gets those blobs copied by key. Every blob a
   copied row refers to is read in bounded pieces and must hash to its key
@@ -11,26 +20,180 @@ is written. What is proven so far:
   claims more than that - a decompression bomb - is refused unread. A source
   that was packed and has lost its store is refused whole.
 
-(Messages are re-hashed by ``dagsync verify``; proving every copied message
-in the merge itself is issue 2/6's next step.)
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import apsw
+
+from dagsync.db import BUSY_TIMEOUT_MS, harden
+from dagsync.errors import DagsyncError, DamagedSource
+from dagsync.formats import Key
 from dagsync.merge.core import SourceMerge
 from dagsync.merge.references import is_new
-from dagsync.packed import PREFIX, lost_store, lost_store_error, marker_sql, prove_referenced
+from dagsync.packed import (
+    PREFIX,
+    Blobs,
+    lost_store,
+    lost_store_error,
+    marker_sql,
+    prove_referenced,
+)
+from dagsync.rehash import (
+    DAG_COLUMNS,
+    LLM_COLUMNS,
+    LlmLookups,
+    dag_failures,
+    key_sql,
+    llm_failures,
+    register_key_recipes,
+)
 
-__all__ = ["prove"]
+__all__ = ["MessageProofs", "prove"]
+
+
+class MessageProofs:
+    """The messages a merge will copy (``temp.msg_new``), re-hashed in a thread.
+
+    The thread cannot see the merge connection's temp tables, so the keys to
+    prove are handed over in a scratch file (a temp directory, deleted after),
+    in copy order; the thread reads each message with its parts from the
+    source by key, on its own read-only connection, and stops at the first
+    that fails. ``wait`` gives the verdict.
+    """
+
+    def __init__(self, run: SourceMerge, key: Key) -> None:
+        self.source = run.source
+        self.key = key
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._scratch = Path(tempfile.mkdtemp(prefix="dagsync-proofs-"))
+        keys = self._scratch / "keys.db"
+        c = run.conn
+        c.execute("ATTACH DATABASE ? AS proof", (str(keys),))
+        try:
+            c.execute("PRAGMA proof.journal_mode = OFF")
+            c.execute("PRAGMA proof.synchronous = OFF")
+            c.execute("CREATE TABLE proof.keys (seq INTEGER PRIMARY KEY, key TEXT NOT NULL)")
+            c.execute("INSERT INTO proof.keys SELECT seq, src FROM temp.msg_new ORDER BY seq")
+        finally:
+            c.execute("DETACH DATABASE proof")
+        self._thread = threading.Thread(target=self._run, args=(keys,), name="message proofs", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, run: SourceMerge, key: Key) -> MessageProofs | None:
+        """Prove the messages the plan copies, if it copies any."""
+        if not run.one("SELECT 1 FROM temp.msg_new LIMIT 1"):
+            return None
+        return cls(run, key)
+
+    def _run(self, keys: Path) -> None:
+        try:
+            conn = apsw.Connection(str(self.source), flags=apsw.SQLITE_OPEN_READONLY)
+            try:
+                harden(conn)
+                conn.setbusytimeout(BUSY_TIMEOUT_MS)
+                conn.execute("ATTACH DATABASE ? AS proof", (str(keys),))
+                self._prove(conn)
+            finally:
+                conn.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the merge thread
+            self.failure = exc
+
+    def _prove(self, conn: apsw.Connection) -> None:
+        blobs = Blobs(conn)
+        if self.key is Key.DAG_MESSAGE:
+            rows = conn.execute(
+                f"SELECT {DAG_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.id = k.key "
+                'LEFT JOIN main.message_parts p ON p.message_id = m.id ORDER BY k.seq, p."order"'
+            )
+            failures = dag_failures(self._until_stopped(rows), blobs, blob_errors=True)
+        else:
+            rows = conn.execute(
+                f"SELECT {LLM_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.hash = k.key "
+                "LEFT JOIN main.parts p ON p.message_hash = m.hash ORDER BY k.seq, p.position"
+            )
+            failures = llm_failures(self._until_stopped(rows), LlmLookups(conn, blobs), blob_errors=True)
+        for key, what in failures:
+            self.failure = DamagedSource(
+                f"{self.source}: message {key} does not match its key: {what}; it was not copied, "
+                f"and nothing was merged - run `dagsync verify {self.source}` to see every damaged row, "
+                "and restore the source from a backup"
+            )
+            return
+
+    def _until_stopped(self, rows):
+        for row in rows:
+            if self._stop.is_set():
+                return
+            yield row
+
+    def wait(self) -> None:
+        """Block until every message is proven.
+
+        :raises DamagedSource: naming the first message that does not hash to its key.
+        """
+        self._thread.join()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        if isinstance(self.failure, DagsyncError):
+            raise self.failure
+        if isinstance(self.failure, apsw.Error):
+            raise DamagedSource(
+                f"{self.source} cannot be read to prove the messages it holds: {self.failure}; "
+                f"nothing was merged - run `dagsync verify {self.source}`"
+            ) from self.failure
+        if self.failure is not None:
+            raise self.failure
+
+    def stop(self) -> None:
+        """Stop proving (the merge failed for another reason) and clean up."""
+        self._stop.set()
+        self._thread.join()
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def prove(run: SourceMerge) -> None:
-    """:raises BlobError: naming the first blob a copied row refers to that fails its proof."""
+    """Prove the blobs and the hash-keyed rows the plan copies.
+
+    :raises BlobError: naming the first blob a copied row refers to that fails its proof.
+    :raises DamagedSource: naming the first copied row whose content does not give its key.
+    """
     if not run.source_packed:
         if lost_store(run.conn, "src"):
             raise lost_store_error(str(run.source))
-        return
-    _prove_references(run)
+    else:
+        _prove_references(run)
+    _prove_keys(run)
+
+
+def _prove_keys(run: SourceMerge) -> None:
+    """Every copied row of a table keyed by a hash of its content (``Format.proven``)
+    gives its key: llm's fragments, attachments and schemas."""
+    register_key_recipes(run.conn)
+    tables = {t.name: t for t in run.order}
+    for proof in run.fmt.proven:
+        table = tables.get(proof.table)
+        if table is None or not run.counts[table.name].added:
+            continue
+        computed = key_sql(proof, "s", run.packed_columns, "dagsync_unpack_src" if run.source_packed else None)
+        for low, high in run.chunks(f'src."{table.name}"'):
+            row = next(iter(run.conn.execute(
+                f'SELECT s."{proof.key}", {computed} FROM src."{table.name}" s '
+                f"WHERE s.rowid BETWEEN ? AND ? AND {is_new(run, table)} AND {computed} != s.\"{proof.key}\" LIMIT 1",
+                (low, high),
+            )), None)  # fmt: skip
+            if row is not None:
+                raise DamagedSource(
+                    f"{run.source}: {table.name} {row[0]} does not match its key: its content hashes to {row[1]}; "
+                    f"it was not copied, and nothing was merged - run `dagsync verify {run.source}` to see every "
+                    "damaged row, and restore the source from a backup"
+                )
 
 
 def _prove_references(run: SourceMerge) -> None:
