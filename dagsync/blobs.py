@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from dagsync import bookkeeping
+from dagsync import bookkeeping, faults
 from dagsync.db import Database, open_target
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format, PackedColumn
@@ -43,7 +43,7 @@ from dagsync.vacuum import VacuumReport
 from dagsync.vacuum import vacuum as vacuum_file
 from dagsync.writer import Writer
 
-__all__ = ["ColumnReport", "PREFIX", "PackReport", "pack", "pack_new_rows"]
+__all__ = ["PREFIX", "ColumnReport", "PackReport", "pack", "pack_new_rows"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -90,6 +90,7 @@ class PackReport:
     seconds: float
 
 
+@faults.named("path")
 def pack(
     path: str | os.PathLike[str],
     *,
@@ -112,7 +113,7 @@ def pack(
     :raises DagsyncError: an invalid level or threshold.
     """
     started = time.perf_counter()
-    db = open_target(path)
+    db = open_target(path, check=True)
     try:
         before = os.path.getsize(path)
         writer = Writer(db.conn, progress, dry_run=dry_run)

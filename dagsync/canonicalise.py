@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from dagsync import bookkeeping
+from dagsync import bookkeeping, faults
 from dagsync.db import open_target
 from dagsync.errors import UnsupportedDatabase
 from dagsync.formats.dag import DAG
@@ -46,13 +46,14 @@ class CanonicaliseReport:
     seconds: float
 
 
+@faults.named("path")
 def canonicalise(path: str | os.PathLike[str], *, dry_run: bool = False) -> CanonicaliseReport:
     """Collapse duplicate messages in a dag-format database.
 
     :raises UnsupportedDatabase: the file is not in the dag format.
     """
     started = time.perf_counter()
-    with open_target(path) as db:
+    with open_target(path, check=True) as db:
         if db.format is not DAG:
             raise UnsupportedDatabase(
                 f"{db.path} is in the {db.format.name} format; canonicalise works on the "

@@ -25,6 +25,7 @@ from dagsync import __version__
 from dagsync.blobs import DEFAULT_LEVEL, PackReport, pack
 from dagsync.canonicalise import CanonicaliseReport, canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
+from dagsync.faults import one_line
 from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
@@ -89,12 +90,13 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except MergeConflict as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            typer.echo(f"Error: {one_line(str(exc))}", err=True)
             for conflict in exc.conflicts[10:]:
-                typer.echo(f"  also: {conflict}", err=True)
+                typer.echo(f"  also: {one_line(conflict)}", err=True)
             raise typer.Exit(1) from None
         except DagsyncError as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            # One line, whatever SQLite's own message held (quick_check's has several).
+            typer.echo(f"Error: {one_line(str(exc))}", err=True)
             raise typer.Exit(1) from None
         except (typer.Exit, typer.Abort, click.ClickException):
             raise
@@ -102,7 +104,7 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("DAGSYNC_RAISE_ERRORS") == "1":
                 raise
             typer.echo(
-                f"Error: unexpected {type(exc).__name__}: {exc} "
+                f"Error: unexpected {type(exc).__name__}: {one_line(str(exc))} "
                 "(set DAGSYNC_RAISE_ERRORS=1 to see where)",
                 err=True,
             )

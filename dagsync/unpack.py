@@ -18,11 +18,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dagsync import faults
 from dagsync.db import Database, open_target
 from dagsync.errors import BlobError, DagsyncError
 from dagsync.formats import PackedColumn
-from dagsync.packed import PREFIX, Blobs, damaged, is_packed, lost_store, lost_store_error, marker_sql, register_functions
-from dagsync.vacuum import VacuumReport, vacuum as vacuum_file
+from dagsync.packed import (
+    PREFIX,
+    Blobs,
+    damaged,
+    is_packed,
+    lost_store,
+    lost_store_error,
+    marker_sql,
+    register_functions,
+)
+from dagsync.vacuum import VacuumReport
+from dagsync.vacuum import vacuum as vacuum_file
 from dagsync.writer import Writer
 
 __all__ = ["UnpackReport", "unpack"]
@@ -44,6 +55,7 @@ class UnpackReport:
     seconds: float
 
 
+@faults.named("path")
 def unpack(
     path: str | os.PathLike[str], *, dry_run: bool = False, vacuum: bool = False, progress: Progress | None = None
 ) -> UnpackReport:
@@ -53,7 +65,7 @@ def unpack(
     packed is left as it is.
     """
     started = time.perf_counter()
-    db = open_target(path)
+    db = open_target(path, check=True)
     conn = db.conn
     try:
         before = os.path.getsize(path)

@@ -28,6 +28,7 @@ import apsw
 
 from dagsync.db import Database, open_source
 from dagsync.errors import BlobError
+from dagsync.faults import one_line
 from dagsync.formats.dag import DAG
 from dagsync.packed import Blobs, lost_store, marker_sql, sha256
 from dagsync.rehash import (
@@ -101,7 +102,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
             except apsw.Error as exc:
                 # Damage bad enough to stop a check is itself the finding.
                 found += 1
-                problems.append(Problem(name, "database", "-", f"this check could not finish: {exc}"))
+                problems.append(Problem(name, "database", "-", f"this check could not finish: {one_line(str(exc))}"))
             counts[name] = found
         key = db.format.message_key
         try:
@@ -117,7 +118,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
 def _integrity(db: Database):
     for (line,) in db.conn.execute("PRAGMA integrity_check"):
         if line != "ok":
-            yield Problem("integrity", "database", "-", line)
+            yield Problem("integrity", "database", "-", one_line(line))
 
 
 def _foreign_keys(db: Database):

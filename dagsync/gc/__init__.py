@@ -50,7 +50,7 @@ import re
 import time
 from pathlib import Path
 
-from dagsync import bookkeeping
+from dagsync import bookkeeping, faults
 from dagsync.db import Database, open_target
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.gc import mark as marking
@@ -82,6 +82,7 @@ def parse_grace(text: str) -> float:
     return float(sum(float(n) * _UNITS[unit] for n, unit in parts))
 
 
+@faults.named("path")
 def gc(
     path: str | os.PathLike[str],
     *,
@@ -105,7 +106,7 @@ def gc(
     grace_seconds = parse_grace(grace) if isinstance(grace, str) else float(grace)
     if grace_seconds < 0:
         raise DagsyncError(f"invalid grace period {grace!r}: it cannot be negative")
-    db = open_target(path)
+    db = open_target(path, check=True)
     try:
         _check_migrations(db)
         writer = Writer(db.conn, progress, dry_run=dry_run)

@@ -43,7 +43,7 @@ from types import ModuleType
 
 import apsw
 
-from dagsync import blobs, bookkeeping
+from dagsync import blobs, bookkeeping, faults
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.formats import Key, Table
@@ -62,6 +62,7 @@ __all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
 ATTEMPTS = 3
 
 
+@faults.named("target")
 def merge(
     target: str | os.PathLike[str],
     sources: list[str | os.PathLike[str]],

@@ -88,8 +88,12 @@ class SourceMerge:
             for table in self.fmt.merge_order:
                 if table.name in self.source_tables:
                     self.bounds[table.name] = self.one(f'SELECT coalesce(max(rowid), 0) FROM src."{table.name}"')
-        finally:
-            self.conn.execute("COMMIT")
+        except BaseException:
+            # An I/O error has rolled the read back already.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
 
     def detach(self) -> None:
         if not self.attached:

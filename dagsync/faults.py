@@ -1,0 +1,91 @@
+"""Faults named: what the disk, the file system or another program did, in one line.
+
+SQLite reports a full disk, a read-only file, a lock held too long and an
+I/O error as exceptions that say little to a person ("database or disk is
+full"). Every writing operation is wrapped in ``named``, which turns them
+into a ``DagsyncError`` that names the file, says what happened and what to
+do. What was committed before the fault is consistent (every commit point
+is), and the transaction the fault interrupted is rolled back by SQLite, so
+each message can say the file is intact.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import apsw
+
+from dagsync.errors import DagsyncError
+from dagsync.transactions import BUSY_TIMEOUT_MS
+
+__all__ = ["Fault", "named", "one_line"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+INTACT = "the file is as it was after its last commit"
+
+
+class Fault(DagsyncError):
+    """The disk, the file system or another program stopped an operation."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks folded (SQLite's messages can hold several lines)."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _what(path: str, exc: BaseException) -> str | None:
+    """The one-line message for a fault, or None for an exception that is not one."""
+    detail = one_line(str(exc)) or type(exc).__name__
+    number = getattr(exc, "errno", None)
+    if isinstance(exc, apsw.FullError) or number == errno.ENOSPC:
+        return (
+            f"{path}: the disk is full ({detail}); {INTACT} - free some space (a merge needs room for what "
+            "it copies, in the file and in the temp directory) and run the command again"
+        )
+    if isinstance(exc, (apsw.ReadOnlyError, apsw.CantOpenError)) or number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"{path}: cannot be written ({detail}): the file or its directory is read-only, and SQLite "
+            f"writes a journal beside the file; nothing was written - make both writable and run the command again"
+        )
+    if isinstance(exc, apsw.BusyError):
+        return (
+            f"{path}: another program held a lock on it for longer than dagsync waits "
+            f"({BUSY_TIMEOUT_MS / 1000:g} s at a time, {detail}); {INTACT} - run the command again "
+            f"once that program is done (`fuser {path}` shows who has it open)"
+        )
+    if isinstance(exc, (apsw.IOError, apsw.CorruptError, apsw.NotADBError)) or number == errno.EIO:
+        return (
+            f"{path}: an I/O error ({detail}); the interrupted transaction was rolled back - check the "
+            f"disk (dmesg, smartctl), then run `dagsync verify {path}` before using the file again"
+        )
+    return None
+
+
+def named(parameter: str) -> Callable[[F], F]:
+    """Wrap an operation so that a fault becomes a ``Fault`` naming the file passed as ``parameter``."""
+
+    def wrap(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except DagsyncError:
+                raise
+            except (apsw.Error, OSError) as exc:
+                path = os.fspath(signature.bind(*args, **kwargs).arguments[parameter])
+                what = _what(str(path), exc)
+                if what is None:
+                    raise
+                raise Fault(what) from exc
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
