@@ -26,12 +26,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import apsw
 
 from dagsync import others
 
-__all__ = ["OpenedMeanwhile", "long_transactions", "run_without_waiting", "write_transaction"]
+__all__ = ["Gate", "OpenedMeanwhile", "gated", "long_transactions", "run_without_waiting", "write_transaction"]
 
 # How long one statement waits for a lock before SQLite gives up, and how long
 # a write transaction keeps retrying after that. The first is short so that we
@@ -73,6 +74,9 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
     if conn.in_transaction:
         yield
         return
+    gate = _GATES.get(id(conn))
+    if gate is not None:
+        gate.wait()  # a short transaction commits at its end: nothing may be written before
     _begin_exclusive(conn)
     started = time.monotonic()
     try:
@@ -131,6 +135,7 @@ def long_transactions(conn: apsw.Connection) -> Iterator[None]:
         try:
             yield
             if conn.in_transaction:
+                long.await_gate()
                 _retry_busy(conn, "COMMIT")
         except apsw.InterruptError as exc:
             if conn.in_transaction:
@@ -191,7 +196,12 @@ class _LongTransaction:
             return self.interrupted.is_set()
 
     def let_in(self) -> None:
-        """Somebody is waiting: commit now, and be polite from here on."""
+        """Somebody is waiting: commit now, and be polite from here on. If the
+        connection's gate is still shut, what this transaction wrote may not be
+        committed yet: it is rolled back instead, for the caller to redo."""
+        gate = _GATES.get(id(self.conn))
+        if self.conn.in_transaction and gate is not None and not gate.ready():
+            raise OpenedMeanwhile(f"another process opened {self.conn.filename} before its writes could be committed")
         _LONG.pop(id(self.conn), None)
         if self.conn.in_transaction:
             _retry_busy(self.conn, "COMMIT")
@@ -201,11 +211,57 @@ class _LongTransaction:
         if self.heard():
             self.let_in()
         elif time.monotonic() - self.began >= LONG_COMMIT_SECONDS:
-            _retry_busy(self.conn, "COMMIT")  # the next step begins the next one
+            gate = _GATES.get(id(self.conn))
+            if gate is None or gate.ready():
+                _retry_busy(self.conn, "COMMIT")  # the next step begins the next one
+            # else: the gate is shut - go on in this transaction, commit later
+
+    def await_gate(self) -> None:
+        """Before the last commit: wait for the gate; give way (roll back, for
+        the caller to redo) if somebody opens the file meanwhile."""
+        gate = _GATES.get(id(self.conn))
+        while gate is not None and not gate.ready(timeout=0.05):
+            if self.heard():
+                raise OpenedMeanwhile(f"another process opened {self.conn.filename} before its writes could be committed")
 
 
 # The connections inside ``long_transactions`` now, by id().
 _LONG: dict[int, _LongTransaction] = {}
+
+
+class Gate(Protocol):
+    """Something every write to a connection must wait for before it is committed
+    (merge's message proofs): ``ready`` (optionally waiting up to ``timeout``
+    seconds) and ``wait`` say whether it is open, and raise its failure."""
+
+    def ready(self, timeout: float = 0.0) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
+# Each connection's gate, by id(), while one is set (``gated``).
+_GATES: dict[int, Gate] = {}
+
+
+@contextlib.contextmanager
+def gated(conn: apsw.Connection, gate: Gate | None) -> Iterator[None]:
+    """Nothing written to ``conn`` inside this block is committed before ``gate`` opens.
+
+    A short transaction waits for it before it begins (so no lock is held
+    while waiting). A long one goes on writing meanwhile and holds back its
+    commits; if another process opens the file before the gate opens, the
+    long transaction is rolled back (``OpenedMeanwhile``) rather than
+    committed, and the caller redoes it politely. If the gate fails, the
+    failure is raised where it was waited for, and the transaction rolls back.
+    """
+    if gate is None:
+        yield
+        return
+    _GATES[id(conn)] = gate
+    try:
+        yield
+    finally:
+        _GATES.pop(id(conn), None)
 
 
 def _begin_exclusive(conn: apsw.Connection) -> None:

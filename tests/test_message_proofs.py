@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dagsync.cli import app
+from dagsync.errors import DagsyncError
 from dagsync.verify import verify
 from fixtures import family, family_llm
 
@@ -210,3 +211,86 @@ def test_merge_refuses_a_row_whose_content_does_not_give_its_key(files, tmp_path
             "the source from a backup\n"
         ))  # fmt: skip
         assert source.read_bytes() == before and not target.exists()
+
+
+def test_a_copy_that_ran_ahead_of_the_proofs_is_rolled_back(files, tmp_path, monkeypatch):
+    """In one long transaction (nobody else has the file open) the copy does not
+    wait for the proofs; its commit does. Proofs slowed down so that the whole
+    copy is done first: the refusal still leaves every file as it was."""
+    import time
+
+    import dagsync.merge.proofs as proofs
+    import dagsync.transactions
+    from dagsync.merge import merge
+
+    monkeypatch.undo()  # long transactions and full-size chunks, as a merge alone runs
+    fmt, clean, unrelated = files
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean, source)
+    shutil.copyfile(unrelated, target)
+    key = changed_part(fmt, source)
+    before = {p: p.read_bytes() for p in (source, target)}
+    slow = {"dag": proofs.dag_failures, "llm": proofs.llm_failures}[fmt]
+
+    def slowly(*args, **kwargs):
+        time.sleep(1.5)
+        yield from slow(*args, **kwargs)
+
+    monkeypatch.setattr(proofs, f"{fmt}_failures", slowly)
+    long_blocks = []
+    original = dagsync.transactions.long_transactions
+
+    def counted(conn):
+        long_blocks.append(conn)
+        return original(conn)
+
+    monkeypatch.setattr(dagsync.transactions, "long_transactions", counted)
+    import dagsync.merge.messages as messages
+
+    copy = messages.apply
+    copied = []
+    monkeypatch.setattr(messages, "apply", lambda run, table: (copy(run, table), copied.append(run.conn.in_transaction)))
+    with pytest.raises(DagsyncError) as info:
+        merge(target, [source])
+    assert str(info.value) == refusal(source, key).removeprefix("Error: ").removesuffix("\n")
+    # Every message was copied, inside the long transaction, before the proofs said no.
+    assert copied == [True], "the copy did not run ahead of the proofs: the test proved nothing"
+    assert long_blocks
+    assert {p: p.read_bytes() for p in (source, target)} == before
+
+
+# -- the same key with other content on the two sides: a conflict -------------------------
+
+
+def test_the_same_message_with_another_role_is_a_conflict(files, tmp_path):
+    fmt, clean, _ = files
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean, source)
+    shutil.copyfile(clean, target)  # the same history: every message is in both
+    key = other_role(fmt, source)
+    column = "id" if fmt == "dag" else "hash"
+    (theirs,) = one(source, f"SELECT role FROM messages WHERE {column} = '{key}'")
+    (ours,) = one(target, f"SELECT role FROM messages WHERE {column} = '{key}'")
+    before = {p: p.read_bytes() for p in (source, target)}
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, (
+        f"Error: {source} and {target} hold different content under the same key, so nothing was merged: "
+        f"message {key} has role {ours!r} in the target but {theirs!r} in the source, under the same hash\n"
+    ))  # fmt: skip
+    assert {p: p.read_bytes() for p in (source, target)} == before
+
+
+def test_the_same_fragment_with_other_content_is_a_conflict(files, tmp_path):
+    fmt, clean, _ = files
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean, source)
+    shutil.copyfile(clean, target)
+    (digest,) = one(source, "SELECT hash FROM fragments ORDER BY rowid DESC LIMIT 1")
+    edit(source, "UPDATE fragments SET content = content || ' (tampered)' WHERE hash = ?", (digest,))
+    before = {p: p.read_bytes() for p in (source, target)}
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, (
+        f"Error: {source} and {target} hold different content under the same key, so nothing was merged: "
+        f"fragments {digest} differs between the two files\n"
+    ))  # fmt: skip
+    assert {p: p.read_bytes() for p in (source, target)} == before

@@ -43,7 +43,7 @@ from types import ModuleType
 
 import apsw
 
-from dagsync import blobs, bookkeeping, faults
+from dagsync import blobs, bookkeeping, faults, transactions
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.formats import Key, Table
@@ -180,7 +180,7 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
             kind = _kind(table)
             kind.plan(run, table)
             if kind is messages:
-                # Re-hashed in a thread while the rest is planned.
+                # Re-hashed in a thread while the rest is planned (and copied).
                 message_proofs = proofs.MessageProofs.start(run, table.key)
             if kind is not derived:
                 check_dangling(run, table)
@@ -190,31 +190,34 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
         # Every source's pages checked before anything is written, and every
         # row to be copied proven by its key.
         checks.wait()
+        proofs.prove(run)  # may find conflicts too
+        run.raise_conflicts()
+        if run.writer.dry_run:
+            if message_proofs is not None:
+                message_proofs.wait()
+            return run.report()
+        # While nobody else has the target open, in long transactions; the
+        # message proofs gate every commit (transactions.gated): a long
+        # transaction copies while they run, a short one waits for them.
+        with transactions.gated(run.conn, message_proofs), run.writer.session():
+            for step, table in enumerate(order):
+                run.progress(f"copying {table.name}", step, len(order))
+                _kind(table).apply(run, table)
+                if table.pointer:
+                    pointers.apply(run, table)
+            run.progress("copied", len(order), len(order))
+            if run.target_packed:
+                # A packed target stays packed: what arrived inline is packed with
+                # the target's settings, blobs the source has copied by key.
+                blobs.pack_new_rows(run.db, run.writer, source_schema="src" if run.source_packed else None)
         if message_proofs is not None:
-            run.progress("proving messages", 0, 1)
-            message_proofs.wait()
-            message_proofs = None
-    except Exception:
+            message_proofs.wait()  # had nothing been committed, it would not have been waited for
+        message_proofs = None
+    except BaseException:
         if message_proofs is not None:
             message_proofs.stop()
         checks.wait()  # a damaged page explains any error better
         raise
-    run.raise_conflicts()
-    proofs.prove(run)
-    if run.writer.dry_run:
-        return run.report()
-    # While nobody else has the target open, in long transactions.
-    with run.writer.session():
-        for step, table in enumerate(order):
-            run.progress(f"copying {table.name}", step, len(order))
-            _kind(table).apply(run, table)
-            if table.pointer:
-                pointers.apply(run, table)
-        run.progress("copied", len(order), len(order))
-        if run.target_packed:
-            # A packed target stays packed: what arrived inline is packed with
-            # the target's settings, blobs the source has copied by key.
-            blobs.pack_new_rows(run.db, run.writer, source_schema="src" if run.source_packed else None)
     # Report what was done, which is what the plan said unless a live writer got there first.
     for name, done in run.written.items():
         counts = run.counts[name]

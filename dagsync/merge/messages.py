@@ -42,7 +42,13 @@ __all__ = ["MAPPED", "NEW", "SAME", "apply", "plan"]
 SAME, MAPPED, NEW = 0, 1, 2
 
 
-def _conflict(src: str, id_parent: str, id_hash: str | None, parent: str, content_hash: str | None) -> str:
+def _conflict(
+    src: str, id_parent: str, id_hash: str | None, parent: str, content_hash: str | None,
+    id_role: str | None = None, role: str | None = None,
+) -> str:
+    if id_parent == parent and id_hash == content_hash:
+        # The same key and identity, another role: one of the two files is damaged.
+        return f"message {src} has role {id_role!r} in the target but {role!r} in the source, under the same hash"
     return (
         f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
         f"but (parent {parent}, hash {(content_hash or '')[:12]}) in the source"
@@ -74,10 +80,12 @@ def _read_source(run: SourceMerge, table: Table) -> None:
     """``temp.src_msg``: each source message's key, parent and identity, by source rowid."""
     key, parent = run.fmt.message_key, run.fmt.parent_column
     identity = "content_hash" if table.key is Key.DAG_MESSAGE else key
-    run.conn.execute("CREATE TEMP TABLE src_msg (rid INTEGER PRIMARY KEY, id TEXT NOT NULL, parent_id TEXT, hash TEXT)")
+    run.conn.execute(
+        "CREATE TEMP TABLE src_msg (rid INTEGER PRIMARY KEY, id TEXT NOT NULL, parent_id TEXT, hash TEXT, role TEXT)"
+    )
     for low, high in run.chunks("src.messages"):
         run.conn.execute(
-            f"INSERT INTO temp.src_msg SELECT rowid, {key}, coalesce({parent}, '{TOP}'), {identity} "
+            f"INSERT INTO temp.src_msg SELECT rowid, {key}, coalesce({parent}, '{TOP}'), {identity}, role "
             f"FROM src.messages WHERE rowid BETWEEN ? AND ? AND {key} != '{TOP}'",
             (low, high),
         )
@@ -94,10 +102,12 @@ def _settle_unchanged(run: SourceMerge, table: Table) -> None:
     identity, is that row whatever its depth (its parent is there too, by the
     same token). One bounded pass settles all of those - in a re-merge, everything."""
     key, parent = run.fmt.message_key, run.fmt.parent_column
+    # The role is compared too: the hash stands for it, so the same hash with
+    # another role means one file is damaged - left to the rounds, which name it.
     if table.key is Key.DAG_MESSAGE:
-        unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash"
+        unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash AND t.role IS s.role"
     else:
-        unchanged = "1"  # the hash covers the parent: the same hash is the same message
+        unchanged = "t.role IS s.role"  # the hash covers the parent: the same hash is the same message
     # In key order, so the lookups walk the target's key index in order too.
     run.conn.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
     for low, high in run.chunks("temp.src_msg", "id"):
@@ -125,8 +135,8 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         identity = key
         match = f"SELECT t.{key} FROM main.messages t WHERE t.{key} = lvl.src"
     c.execute(
-        "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, match TEXT, "
-        "id_exists INTEGER, id_parent TEXT, id_hash TEXT)"
+        "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, role TEXT, match TEXT, "
+        "id_exists INTEGER, id_parent TEXT, id_hash TEXT, id_role TEXT)"
     )
     c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
     # "depth" counts rounds out from what is settled: a row's parent is
@@ -136,7 +146,7 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     # nothing), not from everything settled so far; later rounds from the
     # round before. In key order, so the lookups walk msg_map's key in order too.
     c.execute(
-        "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash FROM temp.src_msg s "
+        "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash, s.role FROM temp.src_msg s "
         "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
     )
     settled = table.key is Key.HASH_MESSAGE and _all_new_in_order(run)
@@ -148,6 +158,12 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         # Keyed by identity: what the target lacks is new, as itself, and
         # the source's order already puts parents first. No rounds needed
         # (the rounds are also what name a dangling parent or a cycle).
+        # A key the target has that was not settled has another role there.
+        for src, id_role, role in c.execute(
+            f"SELECT u.id, t.role, u.role FROM temp.unsettled u JOIN main.messages t ON t.{key} = u.id LIMIT ?",
+            (MAX_CONFLICTS_SHOWN * 10,),
+        ):
+            run.conflict(_conflict(src, src, src, src, src, id_role, role))
         c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
     # A new message's descendants are new (see _settle_below_new); only the
     # hash format, whose key is the identity, settles them without rounds.
@@ -156,12 +172,12 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         c.execute("DELETE FROM temp.lvl")
         if depth == 0:
             c.execute(
-                "INSERT INTO temp.lvl (src, p, hash) SELECT u.id, m.dst, u.hash FROM temp.unsettled u "
+                "INSERT INTO temp.lvl (src, p, hash, role) SELECT u.id, m.dst, u.hash, u.role FROM temp.unsettled u "
                 "JOIN temp.msg_map m ON m.src = u.parent_id"
             )
         else:
             c.execute(
-                "INSERT INTO temp.lvl (src, p, hash) SELECT s.id, m.dst, s.hash FROM temp.src_msg s "
+                "INSERT INTO temp.lvl (src, p, hash, role) SELECT s.id, m.dst, s.hash, s.role FROM temp.src_msg s "
                 "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
                 "(SELECT src FROM temp.msg_map)",
                 (depth,),
@@ -172,17 +188,17 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
             # Look the level up in the target: by identity, and by id.
             c.execute(
                 f"UPDATE temp.lvl SET match = ({match}), "
-                f"(id_exists, id_parent, id_hash) = (SELECT 1, coalesce(t.{parent}, '{TOP}'), t.{identity} "
+                f"(id_exists, id_parent, id_hash, id_role) = (SELECT 1, coalesce(t.{parent}, '{TOP}'), t.{identity}, t.role "
                 f"FROM main.messages t WHERE t.{key} = lvl.src) "
                 "WHERE rowid BETWEEN ? AND ?",
                 (low, high),
             )
-        for src, id_parent, id_hash, p, h in c.execute(
-            "SELECT src, id_parent, id_hash, p, hash FROM temp.lvl WHERE id_exists "
-            "AND (id_parent IS NOT p OR id_hash IS NOT hash) LIMIT ?",
+        for src, id_parent, id_hash, p, h, id_role, role in c.execute(
+            "SELECT src, id_parent, id_hash, p, hash, id_role, role FROM temp.lvl WHERE id_exists "
+            "AND (id_parent IS NOT p OR id_hash IS NOT hash OR id_role IS NOT role) LIMIT ?",
             (MAX_CONFLICTS_SHOWN * 10,),
         ):
-            run.conflict(_conflict(src, id_parent, id_hash, p, h))
+            run.conflict(_conflict(src, id_parent, id_hash, p, h, id_role, role))
         # The message's own id when the target has it unchanged; else the
         # target's row with its identity; else a new row - the smallest
         # source id among source rows with the same identity, so duplicates

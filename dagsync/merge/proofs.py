@@ -33,8 +33,8 @@ import apsw
 
 from dagsync.db import BUSY_TIMEOUT_MS, harden
 from dagsync.errors import DagsyncError, DamagedSource
-from dagsync.formats import Key
-from dagsync.merge.core import SourceMerge
+from dagsync.formats import Key, KeyProof
+from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
 from dagsync.merge.references import is_new
 from dagsync.packed import (
     PREFIX,
@@ -134,6 +134,17 @@ class MessageProofs:
                 return
             yield row
 
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether every message is proven (waiting up to ``timeout`` seconds for it).
+
+        :raises DamagedSource: as ``wait``.
+        """
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        self.wait()
+        return True
+
     def wait(self) -> None:
         """Block until every message is proven.
 
@@ -174,12 +185,16 @@ def prove(run: SourceMerge) -> None:
 
 def _prove_keys(run: SourceMerge) -> None:
     """Every copied row of a table keyed by a hash of its content (``Format.proven``)
-    gives its key: llm's fragments, attachments and schemas."""
+    gives its key: fragments, attachments, schemas. A key on both sides whose
+    content differs is a conflict: one of the two files is damaged."""
     register_key_recipes(run.conn)
     tables = {t.name: t for t in run.order}
     for proof in run.fmt.proven:
         table = tables.get(proof.table)
-        if table is None or not run.counts[table.name].added:
+        if table is None:
+            continue
+        _compare_keyed(run, proof)
+        if not run.counts[table.name].added:
             continue
         computed = key_sql(proof, "s", run.packed_columns, "dagsync_unpack_src" if run.source_packed else None)
         for low, high in run.chunks(f'src."{table.name}"'):
@@ -194,6 +209,32 @@ def _prove_keys(run: SourceMerge) -> None:
                     f"it was not copied, and nothing was merged - run `dagsync verify {run.source}` to see every "
                     "damaged row, and restore the source from a backup"
                 )
+
+
+def _compare_keyed(run: SourceMerge, proof: KeyProof) -> None:
+    """Rows of ``proof.table`` whose key is on both sides hold the same content
+    (where both hold it: an attachment read from a path has none in the file)."""
+    differs = []
+    for column in proof.columns:
+        s_value, t_value = f's."{column}"', f't."{column}"'
+        if (proof.table, column) in run.packed_columns:
+            holds = run.packed_columns[(proof.table, column)].holds
+            if run.source_packed:
+                s_value = f"dagsync_unpack_src({s_value}, '{holds}')"
+            if run.target_packed:
+                t_value = f"dagsync_unpack({t_value}, '{holds}')"
+        # As bytes: a payload resolved from a blob is a BLOB, the same text inline is TEXT.
+        differs.append(
+            f"({s_value} IS NOT NULL AND {t_value} IS NOT NULL AND CAST({s_value} AS BLOB) != CAST({t_value} AS BLOB))"
+        )
+    key = f'"{proof.key}"'
+    for low, high in run.chunks(f'src."{proof.table}"'):
+        for (value,) in run.conn.execute(
+            f'SELECT s.{key} FROM src."{proof.table}" s JOIN main."{proof.table}" t ON t.{key} = s.{key} '
+            f"WHERE s.rowid BETWEEN ? AND ? AND ({' OR '.join(differs)}) LIMIT ?",
+            (low, high, MAX_CONFLICTS_SHOWN),
+        ):
+            run.conflict(f"{proof.table} {value} differs between the two files")
 
 
 def _prove_references(run: SourceMerge) -> None:
