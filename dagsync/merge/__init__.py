@@ -170,7 +170,7 @@ def _merge_source(target: Database, source: Path, checks: SourceChecks, writer: 
 
 def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
     """Check, plan every table in reference order, apply in the same order, report."""
-    message_proofs = None
+    message_proofs = role_conflicts = None
     try:
         run.attach()
         _check_migrations(run)
@@ -179,6 +179,8 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
             run.progress(f"planning {table.name}", step, len(order))
             kind = _kind(table)
             kind.plan(run, table)
+            if kind is messages and table.key is Key.HASH_MESSAGE and run.db.path.stat().st_size:
+                role_conflicts = proofs.RoleConflicts(run)
             if kind is messages:
                 # Re-hashed in a thread while the rest is planned (and copied).
                 message_proofs = proofs.MessageProofs.start(run, table.key)
@@ -190,6 +192,9 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
         # Every source's pages checked before anything is written, and every
         # row to be copied proven by its key.
         checks.wait()
+        if role_conflicts is not None:
+            for conflict in role_conflicts.wait():
+                run.conflict(conflict)
         proofs.prove(run)  # may find conflicts too
         run.raise_conflicts()
         if run.writer.dry_run:
@@ -216,6 +221,8 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
     except BaseException:
         if message_proofs is not None:
             message_proofs.stop()
+        if role_conflicts is not None:
+            role_conflicts.stop()
         checks.wait()  # a damaged page explains any error better
         raise
     # Report what was done, which is what the plan said unless a live writer got there first.

@@ -42,13 +42,17 @@ __all__ = ["MAPPED", "NEW", "SAME", "apply", "plan"]
 SAME, MAPPED, NEW = 0, 1, 2
 
 
+def role_conflict(src: str, id_role: str | None, role: str | None) -> str:
+    return f"message {src} has role {id_role!r} in the target but {role!r} in the source, under the same hash"
+
+
 def _conflict(
     src: str, id_parent: str, id_hash: str | None, parent: str, content_hash: str | None,
     id_role: str | None = None, role: str | None = None,
 ) -> str:
     if id_parent == parent and id_hash == content_hash:
         # The same key and identity, another role: one of the two files is damaged.
-        return f"message {src} has role {id_role!r} in the target but {role!r} in the source, under the same hash"
+        return role_conflict(src, id_role, role)
     return (
         f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
         f"but (parent {parent}, hash {(content_hash or '')[:12]}) in the source"
@@ -107,7 +111,10 @@ def _settle_unchanged(run: SourceMerge, table: Table) -> None:
     if table.key is Key.DAG_MESSAGE:
         unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash AND t.role IS s.role"
     else:
-        unchanged = "t.role IS s.role"  # the hash covers the parent: the same hash is the same message
+        # The hash covers the parent: the same hash is the same message. (Its
+        # role is compared in a thread, proofs.RoleConflicts: reading it here
+        # would cost a row read per message on every re-merge.)
+        unchanged = "1"
     # In key order, so the lookups walk the target's key index in order too.
     run.conn.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
     for low, high in run.chunks("temp.src_msg", "id"):
@@ -158,12 +165,6 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         # Keyed by identity: what the target lacks is new, as itself, and
         # the source's order already puts parents first. No rounds needed
         # (the rounds are also what name a dangling parent or a cycle).
-        # A key the target has that was not settled has another role there.
-        for src, id_role, role in c.execute(
-            f"SELECT u.id, t.role, u.role FROM temp.unsettled u JOIN main.messages t ON t.{key} = u.id LIMIT ?",
-            (MAX_CONFLICTS_SHOWN * 10,),
-        ):
-            run.conflict(_conflict(src, src, src, src, src, id_role, role))
         c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
     # A new message's descendants are new (see _settle_below_new); only the
     # hash format, whose key is the identity, settles them without rounds.

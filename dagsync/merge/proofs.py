@@ -27,6 +27,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import urllib.parse
 from pathlib import Path
 
 import apsw
@@ -54,7 +55,7 @@ from dagsync.rehash import (
     register_key_recipes,
 )
 
-__all__ = ["MessageProofs", "prove"]
+__all__ = ["MessageProofs", "RoleConflicts", "prove"]
 
 
 class MessageProofs:
@@ -167,6 +168,53 @@ class MessageProofs:
         self._stop.set()
         self._thread.join()
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class RoleConflicts:
+    """llm messages that both files hold under one key but with another role,
+    looked for in a thread on its own read-only connections to both files,
+    while the plan runs (the plan itself matches llm messages by key alone:
+    reading each target row's role there would cost every re-merge a row read
+    per message). ``wait`` gives what it found, worded as conflicts."""
+
+    def __init__(self, run: SourceMerge) -> None:
+        self.source, self.target = run.source, run.db.path
+        self.found: list[str] = []
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="role conflicts", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from dagsync.merge.messages import role_conflict
+
+        try:
+            conn = apsw.Connection(str(self.source), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+            try:
+                harden(conn)
+                conn.setbusytimeout(BUSY_TIMEOUT_MS)
+                uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
+                conn.execute("ATTACH DATABASE ? AS tgt", (uri,))
+                for key, theirs, ours in conn.execute(
+                    "SELECT s.hash, t.role, s.role FROM main.messages s JOIN tgt.messages t ON t.hash = s.hash "
+                    "WHERE t.role IS NOT s.role LIMIT ?",
+                    (MAX_CONFLICTS_SHOWN * 10,),
+                ):
+                    self.found.append(role_conflict(key, theirs, ours))
+            finally:
+                conn.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the merge thread
+            self.failure = exc
+
+    def stop(self) -> None:
+        """Let the thread finish (the merge failed for another reason)."""
+        self._thread.join()
+
+    def wait(self) -> list[str]:
+        """:raises apsw.Error: the files could not be read (the plan's own reads say more)."""
+        self._thread.join()
+        if self.failure is not None:
+            raise self.failure
+        return self.found
 
 
 def prove(run: SourceMerge) -> None:
