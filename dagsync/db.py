@@ -116,15 +116,7 @@ def harden(conn: apsw.Connection) -> None:
 
 
 def _quick_check(conn: apsw.Connection, path: Path) -> None:
-    try:
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-    except (apsw.CorruptError, apsw.NotADBError) as exc:
-        problems = [str(exc)]
-    if problems != ["ok"]:
-        raise NotADatabase(
-            f"{path} is damaged: PRAGMA quick_check says: {said(problems[0])}; "
-            f"restore it from a backup, or recover a copy with `sqlite3 {path} .recover`"
-        )
+    _refuse_damage(path, _checked(conn, ["PRAGMA quick_check"]), "")
 
 
 def check_pages(conn: apsw.Connection, path: Path) -> None:
@@ -140,16 +132,29 @@ def check_pages(conn: apsw.Connection, path: Path) -> None:
     """
     try:
         tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")]
-        problems = ["ok"]
-        for name in tables:
-            problems = [row[0] for row in conn.execute(f"PRAGMA quick_check({quote(name)})")]
-            if problems != ["ok"]:
-                break
     except (apsw.CorruptError, apsw.NotADBError) as exc:
-        problems = [str(exc)]
-    if problems != ["ok"]:
+        _refuse_damage(path, str(exc), "nothing was written - ")
+    checks = [f"PRAGMA quick_check({quote(name)})" for name in tables]
+    _refuse_damage(path, _checked(conn, checks), "nothing was written - ")
+
+
+def _checked(conn: apsw.Connection, checks: list[str]) -> str:
+    """What the first of ``checks`` to find damage says, or "ok"."""
+    try:
+        for check in checks:
+            problems = [row[0] for row in conn.execute(check)]
+            if problems != ["ok"]:
+                return problems[0]
+    except (apsw.CorruptError, apsw.NotADBError) as exc:
+        return str(exc)
+    return "ok"
+
+
+def _refuse_damage(path: Path, problem: str, written: str) -> None:
+    """:raises NotADatabase: unless quick_check said "ok"."""
+    if problem != "ok":
         raise NotADatabase(
-            f"{path} is damaged: PRAGMA quick_check says: {said(problems[0])}; nothing was written - "
+            f"{path} is damaged: PRAGMA quick_check says: {said(problem)}; {written}"
             f"restore it from a backup, or recover a copy with `sqlite3 {path} .recover`"
         )
 
