@@ -36,6 +36,7 @@ from dagsync.db import BUSY_TIMEOUT_MS, harden
 from dagsync.errors import DagsyncError, DamagedSource
 from dagsync.formats import Key, KeyProof
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
+from dagsync.merge.messages import role_conflict
 from dagsync.merge.references import is_new
 from dagsync.packed import (
     PREFIX,
@@ -185,8 +186,6 @@ class RoleConflicts:
         self._thread.start()
 
     def _run(self) -> None:
-        from dagsync.merge.messages import role_conflict
-
         try:
             conn = apsw.Connection(str(self.source), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
             try:
