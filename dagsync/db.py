@@ -109,6 +109,11 @@ def _check_file(path: Path) -> None:
         )
 
 
+# How long a reader of a source waits for a writer's commit (llm holds its
+# lock for milliseconds; a source being written is waited for, not refused).
+READ_BUSY_TIMEOUT_MS = 10_000
+
+
 def harden(conn: apsw.Connection) -> None:
     """No SQL stored in the file runs with more power than plain data needs."""
     conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
@@ -313,6 +318,7 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
         raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
     try:
         harden(conn)
+        conn.set_busy_timeout(READ_BUSY_TIMEOUT_MS)
         if quick_check:
             _quick_check(conn, path)
         fmt = detect_format(conn, path)
@@ -356,6 +362,7 @@ class SourceChecks:
                 return
             try:
                 harden(conn)
+                conn.set_busy_timeout(READ_BUSY_TIMEOUT_MS)
                 _quick_check(conn, path)
             except NotADatabase as exc:
                 self._failure = exc

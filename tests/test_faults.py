@@ -257,3 +257,29 @@ def test_no_command_writes_into_a_damaged_file(inputs, tmp_path, command, dry_ru
     ))  # fmt: skip
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+# A child that writes to a file in one transaction held for a while, as llm
+# logging a long response would, then commits.
+WRITE_FOR_A_WHILE = r"""
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+conn.execute("CREATE TABLE IF NOT EXISTS scratch (x)")
+print("writing", flush=True)
+time.sleep(1.5)
+conn.execute("COMMIT")
+"""
+
+
+def test_a_source_being_written_is_waited_for(inputs, tmp_path):
+    source = tmp_path / "source.db"
+    shutil.copyfile(inputs["source"], source)
+    writer = subprocess.Popen([sys.executable, "-c", WRITE_FOR_A_WHILE, str(source)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        result = runner.invoke(app, ["merge", str(tmp_path / "target.db"), str(source)])
+    finally:
+        writer.wait(timeout=30)
+    assert result.exit_code == 0, result.stderr
+    assert writer.returncode == 0
