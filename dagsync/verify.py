@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import apsw
 
+from dagsync import bookkeeping
 from dagsync.db import Database, open_source
 from dagsync.errors import BlobError
 from dagsync.faults import one_line
@@ -88,6 +89,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
             "duplicate identities": _duplicates,
             "content": _rehash_dag if db.format is DAG else _rehash_llm,
             "keys": _keys,
+            "bookkeeping": _bookkeeping,
             "blobs": _blobs,
         }
         problems: list[Problem] = []
@@ -212,6 +214,22 @@ def _rehash_llm(db: Database):
     )
     for mhash, what in llm_failures(rows, LlmLookups(db.conn, blobs)):
         yield Problem("content", "messages", mhash, what)
+
+
+def _bookkeeping(db: Database):
+    """dagsync's own records hold together: every old id in ``_dagsync_message_map``
+    leads to a message the file has (its owner)."""
+    if not bookkeeping.has(db.conn, "_dagsync_message_map", "main"):
+        return
+    key = db.format.message_key
+    for old, new in db.conn.execute(
+        "SELECT source_id, target_id FROM _dagsync_message_map m "
+        f"WHERE NOT EXISTS (SELECT 1 FROM messages t WHERE t.{key} = m.target_id)"
+    ):
+        yield Problem(
+            "bookkeeping", "_dagsync_message_map", str(old),
+            f"maps to message {new}, which the file does not have (its owner is gone)",
+        )  # fmt: skip
 
 
 def _keys(db: Database):

@@ -163,3 +163,19 @@ class TestCli:
         result = CliRunner().invoke(app, ["verify", str(db)])
         assert result.exit_code == 1
         assert result.stdout.splitlines()[1] == "  messages orphan: its parent gone does not exist [dangling parents]"
+
+
+def test_a_message_map_row_without_its_owner(db):
+    """dagsync's own half-state: an old id mapped to a message the file no longer has."""
+    import apsw
+
+    from dagsync import bookkeeping
+
+    conn = apsw.Connection(str(db))
+    bookkeeping.ensure(conn)
+    conn.execute("INSERT INTO _dagsync_message_map (source_id, target_id) VALUES ('old-id', 'gone-id')")
+    conn.close()
+    problems = [p for p in verify(db).problems if p.check == "bookkeeping"]
+    assert [str(p) for p in problems] == [
+        "_dagsync_message_map old-id: maps to message gone-id, which the file does not have (its owner is gone) [bookkeeping]"
+    ]
