@@ -25,7 +25,8 @@ from dagsync.merkle import KEY_RECIPES, message_dict, message_hash
 from dagsync.packed import Blobs
 
 __all__ = [
-    "DAG_COLUMNS", "LLM_COLUMNS", "LlmLookups", "dag_failures", "key_sql", "llm_failures", "register_key_recipes",
+    "DAG_COLUMNS", "LLM_COLUMNS", "LlmLookups", "dag_failures", "grouped", "key_sql", "llm_failures",
+    "register_key_recipes",
 ]  # fmt: skip
 
 
@@ -58,7 +59,7 @@ DAG_COLUMNS = (
 LLM_COLUMNS = f"m.hash, m.parent_hash, {_exact('m.role')}, {_exact('m.provider_metadata')}, p.type, {_exact('p.text')}, {_exact('p.payload')}"
 
 
-def _grouped(rows: Iterable[tuple], head: int) -> Iterator[tuple[tuple, list[tuple]]]:
+def grouped(rows: Iterable[tuple], head: int) -> Iterator[tuple[tuple, list[tuple]]]:
     """``(message columns, [part columns...])`` for each message of ``rows``, whose
     first ``head`` columns are the message's."""
     current: tuple | None = None
@@ -81,7 +82,7 @@ def dag_failures(rows: Iterable[tuple], blobs: Blobs, *, blob_errors: bool = Fal
     :raises BlobError: with ``blob_errors``, a packed part whose blob fails its
         proof (else the message is named as one that cannot be read back).
     """
-    for (mid, role, role_text, pm, pm_text, stored), parts in _grouped(rows, 6):
+    for (mid, role, role_text, pm, pm_text, stored), parts in grouped(rows, 6):
         try:
             digest = row_content_hash(_text(role, role_text), _text(pm, pm_text), [
                 (ptype, _resolved(blobs, _text(c, c_text)), _resolved(blobs, _text(j, j_text)), *rest)
@@ -127,7 +128,7 @@ def llm_failures(rows: Iterable[tuple], lookups: LlmLookups, *, blob_errors: boo
     :raises BlobError: as in ``dag_failures``.
     """
     blobs = lookups.blobs
-    for (mhash, parent, role, role_text, pm, pm_text), parts in _grouped(rows, 6):
+    for (mhash, parent, role, role_text, pm, pm_text), parts in grouped(rows, 6):
         try:
             resolved = [
                 (ptype, _resolved(blobs, _text(t, t_text)), _resolved(blobs, _text(p, p_text)))

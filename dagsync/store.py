@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import apsw
@@ -43,6 +44,7 @@ from dagsync.message import (
     with_metadata,
 )
 from dagsync.packed import Blobs
+from dagsync.rehash import grouped
 from dagsync.transactions import write_transaction
 
 __all__ = ["MessageStore", "UlidFactory", "iso_now", "part_from_row", "part_row", "ROOT"]
@@ -329,34 +331,7 @@ class MessageStore:
         """
         if head_message_id == ROOT:
             return []
-        rows = list(self.conn.execute(_CHAIN_SQL, {"head": head_message_id, "limit": MAX_CHAIN}))
-        if not rows:
-            raise NotFound(f"no message with id {head_message_id!r} in {self.db.path}")
-        if rows[0][0] >= MAX_CHAIN:
-            raise UnsupportedDatabase(
-                f"{self.db.path}: the parent links above {head_message_id!r} form a cycle"
-            )
-        if rows[0][2] != ROOT:
-            raise NotFound(
-                f"message {rows[0][1]!r} in {self.db.path} points at parent "
-                f"{rows[0][2]!r}, which does not exist"
-            )
-        messages: list[Message] = []
-        current: str | None = None
-        parts: list[Part] = []
-        role = pm_json = None
-        for _, mid, _, r, pmj, *part in rows:
-            if mid != current:
-                if current is not None:
-                    messages.append(_message(role, parts, pm_json))
-                current, role, pm_json, parts = mid, r, pmj, []
-            if part[0] is not None:
-                ptype, content, content_json, *rest = part
-                # A packed file (dagsync pack) holds references to blobs here.
-                content, content_json = self.blobs.resolve(content, "text"), self.blobs.resolve(content_json, "text")
-                parts.append(part_from_row(ptype, content, content_json, *rest))
-        messages.append(_message(role, parts, pm_json))
-        return messages
+        return _chain_messages(_chain_rows(self.conn, self.db.path, head_message_id), self.blobs)
 
     # -- conversations and calls -------------------------------------------
 
@@ -467,6 +442,31 @@ class MessageStore:
                 ),
             )
         return call_id
+
+
+def _chain_rows(conn: apsw.Connection, path: Path, head: str) -> list[tuple]:
+    """``_CHAIN_SQL``'s rows for ``head``, the chain proven whole: it exists,
+    it reaches the root, it is not a cycle (see ``load_chain``)."""
+    rows = list(conn.execute(_CHAIN_SQL, {"head": head, "limit": MAX_CHAIN}))
+    if not rows:
+        raise NotFound(f"no message with id {head!r} in {path}")
+    if rows[0][0] >= MAX_CHAIN:
+        raise UnsupportedDatabase(f"{path}: the parent links above {head!r} form a cycle")
+    if rows[0][2] != ROOT:
+        raise NotFound(f"message {rows[0][1]!r} in {path} points at parent {rows[0][2]!r}, which does not exist")
+    return rows
+
+
+def _chain_messages(rows: list[tuple], blobs: Blobs) -> list[Message]:
+    """The chain's rows as messages, root first; a packed file's references to
+    blobs (dagsync pack) resolved."""
+    return [
+        _message(role, [
+            part_from_row(ptype, blobs.resolve(content, "text"), blobs.resolve(content_json, "text"), *rest)
+            for ptype, content, content_json, *rest in parts
+        ], pm_json)
+        for (_, _, _, role, pm_json), parts in grouped(rows, 5)
+    ]  # fmt: skip
 
 
 def _message(role: str, parts: list[Part], pm_json: str | None) -> Message:
