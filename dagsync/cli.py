@@ -1,6 +1,6 @@
 """The dagsync command line: parse, call one library function, render its report.
 
-The only module that imports typer (and, through it, click). Every command
+The only module that imports typer. Every command
 takes ``--json`` and prints its report as JSON; errors the user can act on
 (``DagsyncError``) print one line ``Error: ...`` to stderr and exit 1; usage
 errors exit 2. Set ``DAGSYNC_RAISE_ERRORS=1`` to see the traceback of an
@@ -12,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import click
 import typer
+import typer.core
 
 from dagsync import __version__
 from dagsync.blobs import DEFAULT_LEVEL, PackReport, pack
@@ -29,22 +30,80 @@ from dagsync.faults import one_line
 from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
 from dagsync.merge import MergeReport, merge
 from dagsync.stats import Stats, stats
-from dagsync.sync import sync
+from dagsync.sync import SyncReport, sync
 from dagsync.unpack import UnpackReport, unpack
 from dagsync.verify import VerifyReport, verify
 
+SUMMARY = "Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI."
+
+# typer's own click (vendored since typer 0.26) or click itself, before: the
+# class its usage errors derive from, re-raised untouched for typer to report.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _option_record(option: Any) -> tuple[str, str]:
+    """``-q, --quiet`` or ``--grace DURATION``, and its help: click's own layout,
+    without the ``<bool>`` and ``<list[Path]>`` type tags typer adds."""
+    names = ", ".join(sorted(option.opts, key=len))
+    if not option.is_flag:
+        names += f" {option.metavar or option.name.upper()}"
+    return names, option.help or ""
+
+
+class _Help:
+    """Help that reads like llm's and sqlite-utils': the usage line shows each
+    argument's own metavar (``TARGET SOURCE...``, ``[DB]``), options show no
+    type tags."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        pieces += [p.metavar or p.name.upper() for p in self.params if p.param_type_name == "argument"]
+        if isinstance(self, typer.core.TyperGroup):
+            pieces.append(self.subcommand_metavar)
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        params = [p for p in self.get_params(ctx) if not p.hidden]
+        arguments = [(p.metavar, p.help or "") for p in params if p.param_type_name == "argument"]
+        options = [_option_record(p) for p in params if p.param_type_name == "option"]
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        if isinstance(self, typer.core.TyperGroup):
+            self.format_commands(ctx, formatter)
+
+
+class _Command(_Help, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_Help, typer.core.TyperGroup):
+    pass
+
+
 app = typer.Typer(
-    help="Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI.",
+    cls=_Group,
+    help=SUMMARY,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+command = functools.partial(app.command, cls=_Command)
+
+
+def run(args: list[str] | None = None, prog_name: str = "dagsync") -> None:
+    """The command line, standalone: it exits with the command's status."""
+    app(args=args, prog_name=prog_name)
+
 
 DbArgument = Annotated[
     Optional[Path],
     typer.Argument(
-        help="Database file. Default: llm's own, in $LLM_USER_PATH or llm's app "
-        "directory (dag.db if present, else logs.db).",
+        help="Database file, or an llm home directory. Default: llm's own, in "
+        "$LLM_USER_PATH or llm's app directory (dag.db if present, else logs.db).",
         show_default=False,
         metavar="[DB]",
     ),
@@ -66,20 +125,60 @@ VacuumOption = Annotated[
 ]
 
 
-def default_database() -> Path:
-    """llm's own database, found the way llm finds its user directory.
-
-    :raises DagsyncError: neither dag.db nor logs.db exists there.
-    """
+def llm_directory() -> Path:
+    """llm's user directory, found the way llm finds it."""
     user_path = os.environ.get("LLM_USER_PATH")
-    directory = Path(user_path) if user_path else Path(click.get_app_dir("io.datasette.llm"))
+    return Path(user_path) if user_path else Path(typer.get_app_dir("io.datasette.llm"))
+
+
+def _database_in(directory: Path) -> Path | None:
     for name in ("dag.db", "logs.db"):
         if (directory / name).exists():
             return directory / name
-    raise DagsyncError(
-        f"no database given, and llm's directory {directory} has neither dag.db "
-        "nor logs.db; pass the database file as an argument"
-    )
+    return None
+
+
+def default_database() -> Path:
+    """llm's own database: dag.db, else logs.db, in llm's user directory.
+
+    :raises DagsyncError: neither exists there.
+    """
+    directory = llm_directory()
+    found = _database_in(directory)
+    if found is None:
+        raise DagsyncError(
+            f"no database given, and llm's directory {directory} has neither dag.db "
+            "nor logs.db; pass the database file as an argument"
+        )
+    return found
+
+
+def database(path: Path | None) -> Path:
+    """The file a database argument names: llm's own when left out, and the
+    database inside when it names a directory (an llm home, as LLM_USER_PATH
+    would).
+
+    :raises DagsyncError: a directory that holds neither dag.db nor logs.db.
+    """
+    if path is None:
+        return default_database()
+    if path.is_dir():
+        found = _database_in(path)
+        if found is None:
+            raise DagsyncError(
+                f"{path} is a directory with neither dag.db nor logs.db in it; "
+                "pass the database file, or llm's home directory"
+            )
+        return found
+    return path
+
+
+def _grace(text: str) -> str:
+    try:
+        parse_grace(text)
+    except DagsyncError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return text
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,7 +197,7 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
             # One line, whatever SQLite's own message held (quick_check's has several).
             typer.echo(f"Error: {one_line(str(exc))}", err=True)
             raise typer.Exit(1) from None
-        except (typer.Exit, typer.Abort, click.ClickException):
+        except (typer.Exit, typer.Abort, _ClickException):
             raise
         except Exception as exc:
             if os.environ.get("DAGSYNC_RAISE_ERRORS") == "1":
@@ -141,8 +240,14 @@ def _render_stats(s: Stats) -> str:
 
 
 def _render_merge(report: MergeReport) -> str:
-    verb = "would merge" if report.dry_run else "merged"
-    lines = [f"{report.target}{' (new)' if report.created else ''}: {verb} {len(report.sources)} source(s) in {report.seconds:.1f}s"]
+    n = len(report.sources)
+    what = f"{n} source" if n == 1 else f"{n} sources"
+    if report.created:
+        verb = "would be created from" if report.dry_run else "created from"
+        lines = [f"{report.target}: {verb} {what} in {report.seconds:.1f}s"]
+    else:
+        verb = "would merge" if report.dry_run else "merged"
+        lines = [f"{report.target}: {verb} {what} in {report.seconds:.1f}s"]
     for source in report.sources:
         lines.append(f"  from {source.source}:")
         if not source.written:
@@ -174,8 +279,33 @@ def _render_canonicalise(r: CanonicaliseReport) -> str:
     return "\n".join(lines)
 
 
+class _Notices(logging.Handler):
+    """What the library says while it works ("waiting for another program to
+    finish writing X ..."), on stderr when it is a terminal, above the progress
+    bar if one is shown; nothing otherwise (cron)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not sys.stderr.isatty():
+            return
+        bar = _Progress.shown.bar if _Progress.shown is not None else None
+        if bar is not None:
+            bar.console.print(self.format(record), markup=False, highlight=False)
+        else:
+            typer.echo(self.format(record), err=True)
+
+
+def _listen() -> None:
+    log = logging.getLogger("dagsync")
+    if not any(isinstance(h, _Notices) for h in log.handlers):
+        log.addHandler(_Notices())
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 class _Progress:
     """A progress bar on stderr when it is a terminal; nothing otherwise (cron)."""
+
+    shown: _Progress | None = None  # the one on screen, for _Notices
 
     def __init__(self) -> None:
         self.bar = None
@@ -195,18 +325,21 @@ class _Progress:
     def __enter__(self) -> _Progress:
         if self.bar is not None:
             self.bar.start()
+        _Progress.shown = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _Progress.shown = None
         if self.bar is not None:
             self.bar.stop()
 
 
 def _emit(report: Any, as_json: bool, quiet: bool, render: Callable[[Any], str]) -> None:
-    """JSON when asked, else the text report unless --quiet (for cron)."""
+    """JSON when asked, else the text report, unless --quiet silences a success
+    (for cron): a dry run always prints what it would do, piped or not."""
     if as_json:
         _print_json(report)
-    elif not quiet:
+    elif not quiet or getattr(report, "dry_run", False):
         typer.echo(render(report))
 
 
@@ -224,24 +357,33 @@ def _main(
     ] = False,
 ) -> None:
     """Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI."""
+    _listen()
 
 
-@app.command("stats")
+@command("stats", short_help="Show what a database holds, table by table.")
 @_reported
 def stats_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     """Show a database's format, rows per table, conversations, chains, forks, calls and size.
 
     Read-only: safe on a read-only file and beside a running llm.
     """
-    report = stats(db or default_database())
+    report = stats(database(db))
     _print_json(report) if as_json else typer.echo(_render_stats(report))
 
 
-@app.command("merge")
+@command("merge", short_help="Merge SOURCE databases into TARGET; safe to re-run.")
 @_reported
 def merge_command(
-    target: Annotated[Path, typer.Argument(help="The database to merge into; created (0600) if missing.", show_default=False, metavar="TARGET")],
-    sources: Annotated[list[Path], typer.Argument(help="One or more databases to merge from; only read.", show_default=False, metavar="SOURCE...")],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="TARGET, the database to merge into (created, 0600, if missing), then one or more "
+            "SOURCE databases to merge from, which are only read. With one path, TARGET is llm's own "
+            "database. Any of them may be an llm home directory.",
+            show_default=False,
+            metavar="[TARGET] SOURCE...",
+        ),
+    ],
     dry_run: DryRunOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
@@ -254,13 +396,18 @@ def merge_command(
     named after the source. A key holding different content on the two sides
     stops the merge before anything is written. Sources are checked and
     opened read-only. A running llm may keep writing TARGET meanwhile.
+
+        dagsync merge laptop.db            # into llm's own database
+        dagsync merge server.db laptop.db desktop.db
     """
+    target = database(paths[0]) if len(paths) > 1 else default_database()
+    sources = [database(p) for p in (paths[1:] if len(paths) > 1 else paths)]
     with _Progress() as progress:
         report = merge(target, sources, dry_run=dry_run, progress=progress)
     _emit(report, as_json, quiet, _render_merge)
 
 
-@app.command("sync")
+@command("sync", short_help="Make two databases hold the same history.")
 @_reported
 def sync_command(
     a: Annotated[Path, typer.Argument(help="A database; receives everything B has.", show_default=False, metavar="A")],
@@ -269,18 +416,29 @@ def sync_command(
     as_json: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Make A and B both hold the union of their histories (merge B into A, then A into B)."""
+    """Make A and B both hold the union of their histories (merge B into A, then A into B).
+
+    Either may be an llm home directory. With --dry-run, the second part shows
+    what A holds that B lacks, before the first part has added B's forks to A.
+    """
     with _Progress() as progress:
-        report = sync(a, b, dry_run=dry_run, progress=progress)
-    _emit(report, as_json, quiet, lambda r: "\n".join(_render_merge(m) for m in (r.into_a, r.into_b, r.settle) if m))
+        report = sync(database(a), database(b), dry_run=dry_run, progress=progress)
+    _emit(report, as_json, quiet, _render_sync)
+
+
+def _render_sync(r: SyncReport) -> str:
+    text = "\n".join(_render_merge(m) for m in (r.into_a, r.into_b, r.settle) if m)
+    if r.into_a.dry_run:
+        text += "\n  (a dry run: the forks the first merge would add to A are not in the second)"
+    return text
 
 
 def _canonicalise(db: Optional[Path], dry_run: bool, as_json: bool, quiet: bool) -> None:
-    report = canonicalise(db or default_database(), dry_run=dry_run)
+    report = canonicalise(database(db), dry_run=dry_run)
     _emit(report, as_json, quiet, _render_canonicalise)
 
 
-@app.command("canonicalise")
+@command("canonicalise", short_help="Collapse duplicate dag-format messages into one.")
 @_reported
 def canonicalise_command(
     db: DbArgument = None, dry_run: DryRunOption = False, as_json: JsonOption = False, quiet: QuietOption = False
@@ -294,18 +452,13 @@ def canonicalise_command(
     _canonicalise(db, dry_run, as_json, quiet)
 
 
-@app.command("canonicalize", hidden=True)
+@command("canonicalize", hidden=True)
 @_reported
 def canonicalize_command(
     db: DbArgument = None, dry_run: DryRunOption = False, as_json: JsonOption = False, quiet: QuietOption = False
 ) -> None:
     """Alias of canonicalise."""
     _canonicalise(db, dry_run, as_json, quiet)
-
-
-def click_command() -> click.Command:
-    """The whole dagsync CLI as one click command, for ``llm dagsync``."""
-    return typer.main.get_command(app)
 
 
 def _render_verify(r: VerifyReport) -> str:
@@ -319,7 +472,7 @@ def _render_verify(r: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-@app.command("verify")
+@command("verify", short_help="Check a database: integrity, hashes, references.")
 @_reported
 def verify_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     """Check a database without writing to it: integrity, foreign keys, dangling
@@ -327,7 +480,7 @@ def verify_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
 
     Exits 1 when any problem is found. Works on a read-only file.
     """
-    report = verify(db or default_database())
+    report = verify(database(db))
     if as_json:
         _print_json(report)
     else:
@@ -368,7 +521,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-@app.command("gc")
+@command("gc", short_help="Delete what no thread or conversation reaches any more.")
 @_reported
 def gc_command(
     db: DbArgument = None,
@@ -376,8 +529,10 @@ def gc_command(
         str,
         typer.Option(
             "--grace",
+            metavar="DURATION",
+            callback=_grace,
             help="Keep unreachable rows younger than this (0s, 30m, 12h, 14d, 2w ...): a running llm may "
-            "be about to point at them.",
+            f"be about to point at them. Default: {DEFAULT_GRACE}.",
         ),
     ] = DEFAULT_GRACE,
     dry_run: DryRunOption = False,
@@ -392,16 +547,16 @@ def gc_command(
     through parent links is kept, and so is every unreachable message inside
     the grace period, with what it reaches. Then parts of deleted messages
     go, and fragments, attachments, tools and tool instances nothing
-    references any more. Safe beside a running llm and from cron, where it
-    prints nothing on success:
+    references any more. Safe beside a running llm, and from cron:
 
-        0 3 * * *  dagsync gc
+        0 3 * * *  dagsync gc --quiet
+
+    --grace 0s keeps nothing unreachable: use it only while no llm is writing.
     """
     seconds = parse_grace(grace)
     with _Progress() as progress:
-        report = gc(db or default_database(), grace=seconds, dry_run=dry_run, vacuum=vacuum, progress=progress)
-    # Unattended (stdout not a terminal) is quiet on success, unless JSON was asked for.
-    _emit(report, as_json, quiet or not sys.stdout.isatty(), _render_gc)
+        report = gc(database(db), grace=seconds, dry_run=dry_run, vacuum=vacuum, progress=progress)
+    _emit(report, as_json, quiet, _render_gc)
 
 
 def _render_pack(r: PackReport) -> str:
@@ -432,7 +587,7 @@ def _render_unpack(r: UnpackReport) -> str:
     )
 
 
-@app.command("pack")
+@command("pack", short_help="Compress payloads into a blob table (llm cannot read it).")
 @_reported
 def pack_command(
     db: DbArgument = None,
@@ -442,11 +597,11 @@ def pack_command(
     ] = False,
     level: Annotated[
         Optional[int],
-        typer.Option("--level", help=f"zstd level, 1 (fastest) to 22 (smallest). Default: the file's, else {DEFAULT_LEVEL}.", show_default=False),
+        typer.Option("--level", metavar="N", help=f"zstd level, 1 (fastest) to 22 (smallest). Default: the file's, else {DEFAULT_LEVEL}.", show_default=False),
     ] = None,
     threshold: Annotated[
         Optional[int],
-        typer.Option("--threshold", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 256.", show_default=False),
+        typer.Option("--threshold", metavar="BYTES", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 256.", show_default=False),
     ] = None,
     dry_run: DryRunOption = False,
     vacuum: VacuumOption = False,
@@ -462,13 +617,13 @@ def pack_command(
     """
     with _Progress() as progress:
         report = pack(
-            db or default_database(), dictionary=dictionary, level=level, threshold=threshold,
+            database(db), dictionary=dictionary, level=level, threshold=threshold,
             dry_run=dry_run, vacuum=vacuum, progress=progress,
         )  # fmt: skip
     _emit(report, as_json, quiet, _render_pack)
 
 
-@app.command("unpack")
+@command("unpack", short_help="Put packed payloads back in their rows, for llm.")
 @_reported
 def unpack_command(
     db: DbArgument = None,
@@ -482,9 +637,9 @@ def unpack_command(
     Afterwards llm reads the file again.
     """
     with _Progress() as progress:
-        report = unpack(db or default_database(), dry_run=dry_run, vacuum=vacuum, progress=progress)
+        report = unpack(database(db), dry_run=dry_run, vacuum=vacuum, progress=progress)
     _emit(report, as_json, quiet, _render_unpack)
 
 
 def main() -> None:
-    app(prog_name="dagsync")
+    run()

@@ -30,7 +30,7 @@ from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats import Format, Key, normalise_sql
 from dagsync.formats.dag import DAG
 from dagsync.formats.llm import LLM
-from dagsync.transactions import BUSY_TIMEOUT_MS, write_transaction
+from dagsync.transactions import patient, write_transaction
 
 __all__ = [
     "Database",
@@ -318,7 +318,7 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
         raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
     try:
         harden(conn)
-        conn.set_busy_timeout(READ_BUSY_TIMEOUT_MS)
+        patient(conn, READ_BUSY_TIMEOUT_MS)
         if quick_check:
             _quick_check(conn, path)
         fmt = detect_format(conn, path)
@@ -362,7 +362,7 @@ class SourceChecks:
                 return
             try:
                 harden(conn)
-                conn.set_busy_timeout(READ_BUSY_TIMEOUT_MS)
+                patient(conn, READ_BUSY_TIMEOUT_MS)
                 _quick_check(conn, path)
             except NotADatabase as exc:
                 self._failure = exc
@@ -402,7 +402,7 @@ def _connect_target(path: Path) -> apsw.Connection:
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI
     conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
     harden(conn)
-    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    patient(conn)
     conn.execute("PRAGMA foreign_keys = OFF")
     # Merges insert into several indexes at once; SQLite's default 2 MiB
     # page cache makes that re-read pages it just wrote.

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 import apsw
 
 from dagsync.errors import DagsyncError
-from dagsync.transactions import BUSY_TIMEOUT_MS
 
 __all__ = ["Fault", "named", "one_line"]
 
@@ -55,9 +54,8 @@ def _what(path: str, exc: BaseException) -> str | None:
         )
     if isinstance(exc, apsw.BusyError):
         return (
-            f"{path}: another program held a lock on it for longer than dagsync waits "
-            f"({BUSY_TIMEOUT_MS / 1000:g} s at a time, {detail}); {INTACT} - run the command again "
-            f"once that program is done (`fuser {path}` shows who has it open)"
+            f"another program is writing to {path}; try again when it has finished (it held its lock "
+            f"longer than dagsync waits; {INTACT}; `fuser {path}` shows who has it open)"
         )
     if isinstance(exc, (apsw.IOError, apsw.CorruptError, apsw.NotADBError)) or number == errno.EIO:
         return (
@@ -67,8 +65,29 @@ def _what(path: str, exc: BaseException) -> str | None:
     return None
 
 
-def named(parameter: str) -> Callable[[F], F]:
-    """Wrap an operation so that a fault becomes a ``Fault`` naming the file passed as ``parameter``."""
+def _locked(paths: list[str]) -> str:
+    """The first of ``paths`` another program holds a lock on that stops a reader
+    (a lock that stopped a writer only, the first: the file written to)."""
+    for path in paths:
+        try:
+            conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+        except apsw.Error:
+            continue
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()
+        except apsw.BusyError:
+            return path
+        except apsw.Error:
+            pass
+        finally:
+            conn.close()
+    return paths[0]
+
+
+def named(parameter: str, *others: str) -> Callable[[F], F]:
+    """Wrap an operation so that a fault becomes a ``Fault`` naming the file
+    passed as ``parameter``; a lock held too long names whichever of it and
+    the files in ``others`` (a path or a list of paths each) is locked."""
 
     def wrap(fn: F) -> F:
         signature = inspect.signature(fn)
@@ -80,7 +99,15 @@ def named(parameter: str) -> Callable[[F], F]:
             except DagsyncError:
                 raise
             except (apsw.Error, OSError) as exc:
-                path = os.fspath(signature.bind(*args, **kwargs).arguments[parameter])
+                arguments = signature.bind(*args, **kwargs).arguments
+                path = os.fspath(arguments[parameter])
+                if isinstance(exc, apsw.BusyError) and others:
+                    paths = [str(path)]
+                    for name in others:
+                        value = arguments.get(name)
+                        values = [value] if isinstance(value, (str, os.PathLike)) else list(value or ())
+                        paths += [os.fspath(v) for v in values]
+                    path = _locked(paths)
                 what = _what(str(path), exc)
                 if what is None:
                     raise

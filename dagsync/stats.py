@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagsync import faults
 from dagsync.db import Database, open_source
 from dagsync.formats import Key
 
@@ -33,6 +34,7 @@ def _count(db: Database, sql: str, *args: object) -> int:
     return next(iter(db.conn.execute(sql, args)))[0]
 
 
+@faults.named("path")
 def stats(path: str | os.PathLike[str]) -> Stats:
     """Count what ``path`` holds.
 

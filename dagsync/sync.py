@@ -38,6 +38,10 @@ def sync(
     merge proves ``b``'s rows before it writes them into ``a``, and this
     proves ``a``'s, so a damaged or conflicting file is refused with both
     files as they were.
+
+    A dry run plans the first two merges on the files as they are: the
+    second shows what ``a`` holds that ``b`` lacks, without the fork rows the
+    first would have added to ``a``, and there is no third.
     """
     if not dry_run:
         # Both files are targets, and each is the other's source: A's rows are
@@ -47,6 +51,7 @@ def sync(
     into_a = merge(a, [b], dry_run=dry_run, progress=progress)
     into_b = merge(b, [a], dry_run=dry_run, progress=progress)
     settle = None
-    if any(t.forked for s in into_b.sources for t in s.tables):
+    # A dry run writes nothing to A, so a third leg would only repeat the first.
+    if not dry_run and any(t.forked for s in into_b.sources for t in s.tables):
         settle = merge(a, [b], dry_run=dry_run, progress=progress)
     return SyncReport(into_a, into_b, settle)

@@ -22,6 +22,7 @@ live writer") tells the whole story.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -32,7 +33,11 @@ import apsw
 
 from dagsync import others
 
-__all__ = ["Gate", "OpenedMeanwhile", "gated", "long_transactions", "run_without_waiting", "write_transaction"]
+__all__ = [
+    "Gate", "OpenedMeanwhile", "gated", "long_transactions", "patient", "run_without_waiting", "write_transaction",
+]  # fmt: skip
+
+log = logging.getLogger("dagsync")
 
 # How long one statement waits for a lock before SQLite gives up, and how long
 # a write transaction keeps retrying after that. The first is short so that we
@@ -44,6 +49,36 @@ WRITE_RETRY_SECONDS = 120.0
 # or of another PID namespace, that had the file open before) waits for at
 # most this plus one step plus the commit: well inside llm's 5 s.
 LONG_COMMIT_SECONDS = 2.0
+# A wait for another program's lock longer than this is said (on a terminal,
+# through the ``dagsync`` logger), naming the file.
+NOTICE_SECONDS = 1.0
+
+
+def waiting(path: str) -> None:
+    """Say, once per wait, that another program's lock on ``path`` is being waited for."""
+    log.warning("waiting for another program to finish writing %s ...", path)
+
+
+def patient(conn: apsw.Connection, timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+    """Wait up to ``timeout_ms`` for another program's lock, as a busy timeout
+    does, and say so (``waiting``) once a wait passes NOTICE_SECONDS."""
+    timeout, path = timeout_ms / 1000, conn.filename
+    state = {"start": 0.0, "said": False}
+
+    def handler(count: int) -> bool:
+        now = time.monotonic()
+        if count == 0:
+            state["start"], state["said"] = now, False
+        waited = now - state["start"]
+        if waited >= timeout:
+            return False
+        if waited >= NOTICE_SECONDS and not state["said"]:
+            state["said"] = True
+            waiting(path)
+        time.sleep(min(0.001 * 2**min(count, 7), 0.1, timeout - waited))
+        return True
+
+    conn.set_busy_handler(handler)
 
 
 @contextlib.contextmanager
@@ -282,7 +317,7 @@ def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
     try:
         _retry_busy(conn, sql, first_delay=0.005, idle=lambda: not others.holds_lock(conn.filename))
     finally:
-        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        patient(conn)
 
 
 def _retry_busy(
@@ -292,9 +327,13 @@ def _retry_busy(
 
     ``sql`` is only tried when ``idle()`` says so (and always at the deadline).
     """
-    deadline = time.monotonic() + WRITE_RETRY_SECONDS
-    delay = first_delay
+    started = time.monotonic()
+    deadline = started + WRITE_RETRY_SECONDS
+    delay, said = first_delay, False
     while True:
+        if not said and time.monotonic() - started >= NOTICE_SECONDS:
+            said = True
+            waiting(conn.filename)
         try:
             if idle() or time.monotonic() > deadline:
                 conn.execute(sql)

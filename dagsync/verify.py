@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from dagsync import bookkeeping
+from dagsync import faults
 from dagsync.db import Database, open_source
 from dagsync.errors import BlobError
 from dagsync.faults import one_line
@@ -73,6 +74,7 @@ class VerifyReport:
         return not self.problems
 
 
+@faults.named("path")
 def verify(path: str | os.PathLike[str]) -> VerifyReport:
     """Check ``path`` and return every problem found (an empty tuple: healthy).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +126,7 @@ class TestMerge:
         result = run("merge", str(target), *map(str, pair))
         assert result.exit_code == 0
         lines = result.stdout.splitlines()
-        assert lines[0].startswith(f"{target} (new): merged 2 source(s) in ")
+        assert lines[0].startswith(f"{target}: created from 2 sources in ")
         assert f"  from {pair[0]}:" in lines
         assert any(line.split()[:3] == ["messages", lines_added(line), "added"] for line in lines)
         again = run("merge", str(target), *map(str, pair))
@@ -152,8 +153,46 @@ class TestMerge:
         assert result.stderr == f"Error: {tmp_path / 'nope.db'}: no such file\n"
         assert not (tmp_path / "m.db").exists()
 
-    def test_no_source_is_a_usage_error(self, tmp_path):
-        assert run("merge", str(tmp_path / "m.db")).exit_code == 2
+    def test_no_path_is_a_usage_error(self):
+        result = run("merge")
+        assert result.exit_code == 2
+        assert result.stderr.endswith("Error: Missing argument '[TARGET] SOURCE...'.\n")
+
+    def test_one_path_is_a_source_merged_into_llms_own_database(self, tmp_path, pair):
+        home = tmp_path / "home"
+        home.mkdir()
+        shutil.copyfile(pair[0], home / "dag.db")
+        result = run("merge", str(pair[1]), env={"LLM_USER_PATH": str(home)})
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.startswith(f"{home / 'dag.db'}: merged 1 source in ")
+        assert f"  from {pair[1]}:" in result.stdout.splitlines()
+        assert run("merge", str(pair[1]), env={"LLM_USER_PATH": str(home)}).stdout.splitlines()[2] == (
+            "    nothing new: the target already holds all of it"
+        )
+
+    def test_one_path_and_no_llm_database(self, tmp_path, pair):
+        result = run("merge", str(pair[0]), env={"LLM_USER_PATH": str(tmp_path)})
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: no database given, and llm's directory {tmp_path} has neither dag.db nor logs.db; "
+            "pass the database file as an argument\n"
+        )
+
+    def test_an_llm_home_directory_names_its_database(self, tmp_path, pair):
+        home = tmp_path / "home"
+        home.mkdir()
+        shutil.copyfile(pair[0], home / "logs.db")
+        result = run("merge", str(tmp_path / "m.db"), str(home), "--json")
+        assert json.loads(result.stdout)["sources"][0]["source"] == str(home / "logs.db")
+        assert run("stats", str(home), "--json").exit_code == 0
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        result = run("verify", str(empty))
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {empty} is a directory with neither dag.db nor logs.db in it; "
+            "pass the database file, or llm's home directory\n"
+        )
 
     def test_sync_and_canonicalise(self, tmp_path, pair):
         result = run("sync", *map(str, pair), "--json")

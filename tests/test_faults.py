@@ -21,6 +21,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from typer.testing import CliRunner
 from dagsync.blobs import pack
 from dagsync.cli import app
 from dagsync.faults import one_line
+from dagsync.gc import gc
 from dagsync.verify import verify
 from fixtures import family, family_llm
 from tests.faulty_vfs import Fault, installed
@@ -179,20 +181,70 @@ time.sleep(600)
 """
 
 
-def test_a_lock_held_longer_than_dagsync_waits_is_named(inputs, tmp_path):
-    target, _ = fresh(inputs, "gc", tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdout=subprocess.PIPE, text=True)
+def locked_message(path: Path) -> str:
+    return (
+        f"Error: another program is writing to {path}; try again when it has finished (it held its lock "
+        f"longer than dagsync waits; the file is as it was after its last commit; `fuser {path}` shows who "
+        "has it open)\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["gc", "merge into", "merge from", "stats", "verify"])
+def test_a_lock_held_longer_than_dagsync_waits_is_named(inputs, tmp_path, command, monkeypatch):
+    """One line, exit 1, naming the file that is locked, whichever it is."""
+    from dagsync import db
+
+    monkeypatch.setattr(db, "READ_BUSY_TIMEOUT_MS", 1000)  # a reader's patience, shortened for the test
+    target, args = fresh(inputs, "gc" if command in ("gc", "stats", "verify") else "merge", tmp_path)
+    source = tmp_path / "source.db"
+    shutil.copyfile(inputs["source"], source)
+    locked = source if command == "merge from" else target
+    if command == "merge from":
+        args = ["merge", str(target), str(source)]
+    elif command in ("stats", "verify"):
+        args = [command, str(target)]
+    before = target.read_bytes(), source.read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(locked)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        result = runner.invoke(app, ["gc", str(target), "--grace", "0s"])
+        result = runner.invoke(app, args)
     finally:
         holder.kill()
         holder.wait()
-    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert "unexpected" not in result.stderr
-    assert result.stderr.startswith(f"Error: {target}: another program held a lock on it for longer than dagsync waits"), result.stderr
-    assert f"`fuser {target}` shows who has it open" in result.stderr
-    roll_back(target)
+    assert (result.exit_code, result.stderr) == (1, locked_message(locked))
+    roll_back(locked)
+    assert (target.read_bytes(), source.read_bytes()) == before
+    assert verify(target).problems == ()
+
+
+def test_a_wait_for_another_programs_lock_is_said_on_a_terminal(inputs, tmp_path, monkeypatch):
+    """The library says it through the ``dagsync`` logger; the command line
+    prints it on a terminal only, naming the file, and the command then goes on."""
+    import logging
+
+    from dagsync import transactions
+
+    target, _ = fresh(inputs, "gc", tmp_path)
+    said: list[str] = []
+    monkeypatch.setattr(transactions, "NOTICE_SECONDS", 0.2)
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    listen = Listen()
+    logging.getLogger("dagsync").addHandler(listen)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        threading.Timer(1.0, holder.kill).start()  # let go while gc waits
+        report = gc(target, grace="0s")
+    finally:
+        logging.getLogger("dagsync").removeHandler(listen)
+        holder.kill()
+        holder.wait()
+    assert said and set(said) == {f"waiting for another program to finish writing {target.resolve()} ..."}
+    assert report.deleted > 0
     assert verify(target).problems == ()
 
 

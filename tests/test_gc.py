@@ -249,6 +249,14 @@ class TestGrace:
         path = dag_db(tmp_path / "e.db", [("a", "root", OLD[spelling])], heads={}, calls=[])
         assert gc(path, grace="4d", now=NOW).table("messages").deleted == 0
 
+    def test_no_grace_deletes_timeless_rows_on_the_first_run(self, tmp_path):
+        """llm's rows carry no time; --grace 0s still means nothing waits."""
+        path = llm_db(tmp_path / "l.db", [("b2:a", None), ("b2:b", "b2:a"), ("b2:c", None)], tips={"t": "b2:c"}, turns=[])
+        report = gc(path, grace="0s", now=NOW)
+        assert keys(path, "SELECT hash FROM messages") == {"b2:c"}
+        assert (report.kept_by_grace, report.table("messages").deleted) == (0, 2)
+        assert all(t.waiting == 0 for t in report.tables)
+
     def test_a_message_reachable_again_drops_out_of_the_first_seen_table(self, tmp_path):
         path = llm_db(tmp_path / "l.db", [("b2:a", None), ("b2:b", "b2:a")], tips={}, turns=[])
         gc(path, grace="1h", now=NOW)
@@ -328,7 +336,7 @@ class TestSharedRows:
         assert report.table("fragments").waiting == 0
 
     def test_a_reference_written_after_the_mark_keeps_the_row(self, path):
-        gc(path, grace="0s", now=NOW)
+        gc(path, grace="1h", now=NOW)  # seen once: old enough for the run below
         db = open_target(path)
         run = _Gc(db, 0.0, NOW + 1, False, None)
         run.mark()
@@ -393,7 +401,7 @@ def orphaned(request, tmp_path_factory) -> Path:
     (generate if request.param == "dag" else generate_llm)(path, seed=5, conversations=400)
     _orphan_a_third(path)
     if request.param == "llm":
-        gc(path, grace="0s", now=1.0)  # llm rows carry no time: let gc see them once, long ago
+        gc(path, grace="1h", now=1.0)  # llm rows carry no time: let gc see them once, long ago
     return path
 
 
@@ -449,12 +457,16 @@ runner = CliRunner()
 
 
 class TestCli:
-    def test_quiet_on_success_when_not_on_a_terminal(self, orphaned, tmp_path):
+    def test_the_report_prints_when_piped_and_quiet_silences_it(self, orphaned, tmp_path):
         path = tmp_path / "copy.db"
         shutil.copyfile(orphaned, path)
-        result = runner.invoke(app, ["gc", str(path), "--grace", "0s"], catch_exceptions=False)
+        dry = runner.invoke(app, ["gc", str(path), "--grace", "0s", "--dry-run", "--quiet"], catch_exceptions=False)
+        assert dry.exit_code == 0 and dry.stdout.startswith(f"{path}: would delete ")
+        result = runner.invoke(app, ["gc", str(path), "--grace", "0s", "--quiet"], catch_exceptions=False)
         assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
         assert verify(path).problems == ()
+        again = runner.invoke(app, ["gc", str(path), "--grace", "0s"], catch_exceptions=False)
+        assert again.exit_code == 0 and again.stdout.startswith(f"{path}: deleted 0 row(s), ")
 
     def test_json_report(self, orphaned, tmp_path):
         path = tmp_path / "copy.db"
@@ -465,11 +477,12 @@ class TestCli:
         assert report["dry_run"] is True and report["deleted"] > 0
         assert {t["table"] for t in report["tables"]} >= {"messages", "fragments", "attachments"}
 
-    def test_a_bad_grace_period_is_one_line_and_exit_1(self, orphaned):
+    def test_a_bad_grace_period_is_a_usage_error(self, orphaned):
         result = runner.invoke(app, ["gc", str(orphaned), "--grace", "soon"])
-        assert result.exit_code == 1
-        assert result.stderr == (
-            "Error: invalid grace period 'soon': give a number and a unit (s, m, h, d or w), e.g. 0s, 12h, 14d or 2w\n"
+        assert result.exit_code == 2
+        assert result.stderr.endswith(
+            "Error: Invalid value for '--grace': invalid grace period 'soon': give a number and a unit "
+            "(s, m, h, d or w), e.g. 0s, 12h, 14d or 2w\n"
         )
 
     def test_a_missing_database_is_one_line_and_exit_1(self, tmp_path):

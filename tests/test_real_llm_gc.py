@@ -3,9 +3,10 @@
 A user deletes some threads by hand, with SQL, the way one would: the thread
 rows, their turns, and the rows that reference those turns. That leaves their
 messages, parts, fragments, attachments and tools behind, unreachable. Then
-``dagsync gc --grace 0s`` runs twice through the real CLI: the first run only
-records when it first saw the unreachable messages (llm's messages carry no
-time), the second deletes them and what only they used. llm must then still
+``dagsync gc`` runs twice through the real CLI: the first, with a grace
+period of an hour, only records when it first saw the unreachable messages
+(llm's messages carry no time); the second, with ``--grace 0s``, deletes them
+and what only they used. llm must then still
 list, load, verify and continue every remaining thread.
 """
 
@@ -88,8 +89,8 @@ def delete_threads_by_hand(db: Path, thread_ids: list[str]) -> None:
         conn.close()
 
 
-def run_gc(db: Path) -> dict:
-    done = dagsync_cli("gc", str(db), "--grace", "0s", "--json")
+def run_gc(db: Path, grace: str = "0s") -> dict:
+    done = dagsync_cli("gc", str(db), "--grace", grace, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -192,7 +193,7 @@ def scene(tmp_path_factory) -> Scene:
     tools_before = {name: tid for tid, name in query(db, "SELECT id, name FROM tools")}
     mentions = {word: messages_mentioning(db, word) for word in WORDS}
 
-    first = run_gc(db)
+    first = run_gc(db, "1h")
     after_first = snapshot()
     second = run_gc(db)
     return Scene(
@@ -227,10 +228,10 @@ def test_the_scene_is_what_it_claims(scene):
     assert len({r["conversation_id"] for r in scene.before.values()}) == len(scene.threads) - 1  # the fork has no turn
 
 
-def test_the_first_run_deletes_nothing_and_remembers_the_unreachable(scene):
+def test_a_run_inside_the_grace_period_deletes_nothing_and_remembers_the_unreachable(scene):
     unreachable = len(scene.messages_before - scene.reachable)
     first = scene.first
-    assert (first["format"], first["dry_run"], first["grace_seconds"]) == ("llm", False, 0.0)
+    assert (first["format"], first["dry_run"], first["grace_seconds"]) == ("llm", False, 3600.0)
     assert first["unreachable"] == unreachable
     assert first["reachable"] == len(scene.reachable)
     # llm's messages carry no time: the grace clock starts now, so nothing goes yet.

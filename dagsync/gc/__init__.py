@@ -11,6 +11,7 @@ reaches. The grace clock is the message's own time (``Format.message_time``:
 the dag format's ``created_at``, either spelling; a time SQLite cannot read
 counts as new) or, where messages carry no time (llm), the moment gc first
 found the message unreachable, recorded in ``_dagsync_gc_seen``.
+A grace period of zero keeps nothing unreachable, not even on the first run.
 
 **Deleted**: the other messages, together with the rows collected with them
 (``Collect.WITH_OWNER``: their parts and the parts' link rows); then shared

@@ -80,7 +80,7 @@ def _messages(run: GcRun) -> None:
             "WHERE rid BETWEEN ? AND ?",
             (low, high),
         )
-    if run.fmt.message_time is None:
+    if run.fmt.message_time is None and not run.no_grace:
         # No time on the rows: new until gc has seen them unreachable for the grace period.
         seen = (
             f"(SELECT key FROM main.{SEEN} WHERE tbl = 'messages' AND first_seen <= {run.cutoff!r})"
@@ -198,7 +198,9 @@ def _shared(run: GcRun, table: Shared) -> None:
             )
     pk = table.pk
     seen = (
-        f"(SELECT first_seen FROM main.{SEEN} s WHERE s.tbl = ?1 AND s.key = CAST(d.\"{pk}\" AS TEXT))"
+        "0"
+        if run.no_grace
+        else f"(SELECT first_seen FROM main.{SEEN} s WHERE s.tbl = ?1 AND s.key = CAST(d.\"{pk}\" AS TEXT))"
         if run.has_seen_table()
         else "NULL"
     )

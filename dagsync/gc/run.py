@@ -72,6 +72,8 @@ class GcRun:
         self.fmt = db.format
         self.now = now
         self.cutoff = now - grace
+        # No grace: nothing waits, not even a row gc has never seen before.
+        self.no_grace = grace <= 0
         self.dry_run = dry_run
         self.writer = writer or Writer(db.conn, progress, dry_run=dry_run)
         self.progress = self.writer.progress

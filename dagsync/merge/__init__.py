@@ -62,7 +62,7 @@ __all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
 ATTEMPTS = 3
 
 
-@faults.named("target")
+@faults.named("target", "sources")
 def merge(
     target: str | os.PathLike[str],
     sources: list[str | os.PathLike[str]],

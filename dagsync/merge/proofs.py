@@ -32,7 +32,8 @@ from pathlib import Path
 
 import apsw
 
-from dagsync.db import BUSY_TIMEOUT_MS, harden
+from dagsync.db import harden
+from dagsync.transactions import BUSY_TIMEOUT_MS
 from dagsync.errors import DagsyncError, DamagedSource
 from dagsync.formats import Key, KeyProof
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
