@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import zstandard
 
 from dagsync import bookkeeping, faults
-from dagsync.db import Database, open_target
+from dagsync.db import Database, copy_database, open_target
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format, PackedColumn
 from dagsync.packed import (
@@ -88,6 +88,7 @@ class PackReport:
     file_bytes_after: int
     vacuum: VacuumReport | None
     seconds: float
+    grew: str | None = None  # why the file is larger than before, if it is
 
 
 @faults.named("path")
@@ -100,8 +101,12 @@ def pack(
     dry_run: bool = False,
     vacuum: bool = False,
     progress: Progress | None = None,
+    output: str | os.PathLike[str] | None = None,
 ) -> PackReport:
     """Move payloads of ``path`` at least ``threshold`` bytes long into the blob store.
+
+    With ``output``, ``path`` is only read: a consistent copy of it is made
+    as the new file ``output`` (``db.copy_database``), and the copy is packed.
 
     Packing again packs only what is still inline (new rows). ``dictionary``
     trains a zstd dictionary from a sample of the file's own small payloads
@@ -113,6 +118,9 @@ def pack(
     :raises DagsyncError: an invalid level or threshold.
     """
     started = time.perf_counter()
+    if output is not None and not dry_run:
+        copy_database(path, output)
+        path = output
     db = open_target(path, check=True)
     try:
         before = os.path.getsize(path)
@@ -126,6 +134,7 @@ def pack(
         run.drop_temp()
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         payload = sum(c.payload_bytes for c in reports)
+        after = os.path.getsize(path)
         return PackReport(
             path=str(path),
             format=db.format.name,
@@ -142,12 +151,25 @@ def pack(
             dedup_ratio=round(payload / run.distinct_bytes, 3) if run.distinct_bytes else 1.0,
             compression_ratio=round(run.new_payload_bytes / run.stored_bytes, 3) if run.stored_bytes else 1.0,
             file_bytes_before=before,
-            file_bytes_after=os.path.getsize(path),
+            file_bytes_after=after,
             vacuum=vacuumed,
             seconds=round(time.perf_counter() - started, 3),
+            grew=_why_larger(after - before, sum(c.packed for c in reports), vacuumed is not None),
         )
     finally:
         db.close()
+
+
+def _why_larger(growth: int, packed: int, vacuumed: bool) -> str | None:
+    if growth <= 0:
+        return None
+    why = (
+        f"the file grew by {growth:,} bytes: the blob store's tables and index take pages of their own, "
+        f"more than packing {packed:,} payload(s) gave back"
+    )
+    if not vacuumed:
+        why += "; --vacuum returns the pages the packed rows freed"
+    return why + " (packing pays off on files with long or repeated payloads)"
 
 
 def pack_new_rows(db: Database, writer: Writer, source_schema: str | None = None) -> None:

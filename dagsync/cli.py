@@ -173,6 +173,18 @@ def database(path: Path | None) -> Path:
     return path
 
 
+def _is_llms_own(path: Path) -> bool:
+    """Whether ``path`` is the database llm itself writes to."""
+    for name in ("dag.db", "logs.db"):
+        own = llm_directory() / name
+        try:
+            if own.exists() and os.path.samefile(own, path):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def _grace(text: str) -> str:
     try:
         parse_grace(text)
@@ -511,6 +523,8 @@ def _render_gc(r: GcReport) -> str:
     if r.vacuum:
         v = r.vacuum
         lines.append(f"  vacuum ({v.mode}): {_human_bytes(v.bytes_before)} -> {_human_bytes(v.bytes_after)}")
+        if v.grew:
+            lines.append(f"  {v.grew}")
     return "\n".join(lines)
 
 
@@ -574,6 +588,8 @@ def _render_pack(r: PackReport) -> str:
     lines.append(f"  file {_human_bytes(r.file_bytes_before)} -> {_human_bytes(r.file_bytes_after)}")
     if r.vacuum:
         lines[-1] += f" (vacuum: {r.vacuum.mode})"
+    if r.grew:
+        lines.append(f"  {r.grew}")
     return "\n".join(lines)
 
 
@@ -603,6 +619,18 @@ def pack_command(
         Optional[int],
         typer.Option("--threshold", metavar="BYTES", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 256.", show_default=False),
     ] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--output", "-o", metavar="FILE",
+            help="Pack a consistent copy of DB into the new file FILE (0600), and leave DB as it is.",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Pack llm's own database in place even so: llm fails on it until `dagsync unpack`."),
+    ] = False,
     dry_run: DryRunOption = False,
     vacuum: VacuumOption = False,
     as_json: JsonOption = False,
@@ -613,12 +641,22 @@ def pack_command(
     Moves message parts' text and JSON (and, in the llm format, fragments and
     attachments) into the blob store, leaving a reference in the row. Packing
     again packs only new rows. Every dagsync command reads packed files; llm
-    does not: run `dagsync unpack` before using the file with llm again.
+    does not: run `dagsync unpack` before using the file with llm again. So
+    llm's own database is packed in place only with --force; --output packs
+    a copy and leaves it as it is:
+
+        dagsync pack --output archive.db --dict --vacuum
     """
+    path = database(db)
+    if output is None and not force and not dry_run and _is_llms_own(path):
+        raise DagsyncError(
+            f"{path} is llm's own database, and llm cannot read a packed file until `dagsync unpack`; "
+            f"pack a copy with `--output FILE`, or pass --force to pack it in place"
+        )
     with _Progress() as progress:
         report = pack(
-            database(db), dictionary=dictionary, level=level, threshold=threshold,
-            dry_run=dry_run, vacuum=vacuum, progress=progress,
+            path, dictionary=dictionary, level=level, threshold=threshold,
+            dry_run=dry_run, vacuum=vacuum, progress=progress, output=output,
         )  # fmt: skip
     _emit(report, as_json, quiet, _render_pack)
 

@@ -25,6 +25,7 @@ class VacuumReport:
     mode: str  # "incremental", "full" (a one-time rewrite that makes later ones incremental), "auto"
     bytes_before: int
     bytes_after: int
+    grew: str | None = None  # why the file is larger than before, if it is
 
 
 def vacuum(db: Database, progress: Callable[[str, int, int], None] | None = None) -> VacuumReport:
@@ -39,7 +40,14 @@ def vacuum(db: Database, progress: Callable[[str, int, int], None] | None = None
         db.conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         writer.progress("vacuum (full, once)", 0, 1)
         run_without_waiting(db.conn, "VACUUM")
-        return VacuumReport("full", before, path.stat().st_size)
+        after = path.stat().st_size
+        grew = None
+        if after > before:
+            grew = (
+                f"the file grew by {after - before:,} bytes: the one full VACUUM switched it to incremental "
+                "auto-vacuum, which keeps a map of its pages, so that every later --vacuum is short"
+            )
+        return VacuumReport("full", before, after, grew)
     writer.redo(lambda: _free_pages(writer), "vacuuming it")
     return VacuumReport("incremental", before, path.stat().st_size)
 

@@ -124,6 +124,8 @@ def _mark_dying_as_old(run: GcRun) -> None:
     If this run is interrupted after deleting their last references, the
     next run finds them unreferenced and old, and deletes them.
     """
+    if not run.one(f"SELECT 1 FROM temp.gc_dep WHERE state = {DYING} LIMIT 1"):
+        return  # nothing to record: a gc that deletes nothing writes nothing
     run.ensure_seen()
     for low, high in run.ranges("temp.gc_dep", writes=True, where=f"state = {DYING}"):
         with run.writer.transaction():
