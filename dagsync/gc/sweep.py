@@ -183,7 +183,7 @@ def sweep_shared(run: GcRun) -> None:
                     if run.one("SELECT count(*) FROM temp.gc_dep_chunk") != before:
                         run.kept_back = True
                 run.delete(table.name, f't."{pk}" IN (SELECT key FROM temp.gc_dep_chunk)', table.columns)
-                if not run.dry_run:
+                if not run.dry_run and run.has_seen_table():
                     run.conn.execute(
                         f"DELETE FROM main.{SEEN} WHERE tbl = ? AND key IN "
                         "(SELECT CAST(key AS TEXT) FROM temp.gc_dep_chunk)",
