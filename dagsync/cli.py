@@ -237,16 +237,20 @@ def _human_bytes(n: float) -> str:
 
 
 def _render_stats(s: Stats) -> str:
-    width = max(len(name) for name in s.tables)
+    """In the format's own words (threads and turns for llm's), with the tables
+    that hold rows; --json lists every table."""
+    held = {name: rows for name, rows in s.tables.items() if rows}
+    empty = len(s.tables) - len(held)
+    width = max((len(name) for name in held), default=0)
     lines = [
         f"{s.path}  ({s.format} format, {_human_bytes(s.file_bytes)})",
-        f"  conversations  {s.conversations:>12,}",
-        f"  messages       {s.messages:>12,}",
-        f"  chains         {s.chains:>12,}   (chain ends: messages nothing continues)",
-        f"  forks          {s.forks:>12,}   (messages continued in two or more ways)",
-        f"  calls          {s.calls:>12,}",
-        "  rows per table:",
-        *(f"    {name:<{width}}  {rows:>12,}" for name, rows in s.tables.items()),
+        f"  {s.conversation_table:<14} {s.conversations:>12,}",
+        f"  {s.call_table:<14} {s.calls:>12,}",
+        f"  {'messages':<14} {s.messages:>12,}",
+        f"  {'chain ends':<14} {s.chains:>12,}   (messages nothing continues)",
+        f"  {'branch points':<14} {s.forks:>12,}   (messages continued in two or more ways)",
+        "  rows per table" + (f" ({empty} empty not shown; --json lists every table):" if empty else ":"),
+        *(f"    {name:<{width}}  {rows:>12,}" for name, rows in held.items()),
     ]
     return "\n".join(lines)
 
@@ -375,7 +379,8 @@ def _main(
 @command("stats", short_help="Show what a database holds, table by table.")
 @_reported
 def stats_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
-    """Show a database's format, rows per table, conversations, chains, forks, calls and size.
+    """Show a database's format and size, its threads and turns (llm format) or
+    conversations and calls (dag format), its messages, and rows per table.
 
     Read-only: safe on a read-only file and beside a running llm.
     """

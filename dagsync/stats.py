@@ -28,6 +28,9 @@ class Stats:
     forks: int  # messages continued in two or more ways: branch points
     calls: int  # calls (dag) or turns (llm)
     tables: dict[str, int]  # rows in every table of the format that the file has
+    # What the format calls them: "conversations" and "calls" (dag), "threads" and "turns" (llm).
+    conversation_table: str = "conversations"
+    call_table: str = "calls"
 
 
 def _count(db: Database, sql: str, *args: object) -> int:
@@ -75,4 +78,6 @@ def stats(path: str | os.PathLike[str]) -> Stats:
             ),
             calls=tables[fmt.call_table],
             tables=tables,
+            conversation_table=fmt.conversation_table,
+            call_table=fmt.call_table,
         )

@@ -132,3 +132,21 @@ class TestAFileThatGrowsSaysWhy:
         report = json.loads(result.stdout)["vacuum"]
         assert report["bytes_after"] <= len(before) or report["grew"].startswith("the file grew by ")
         assert llm(home, "logs", "-n", "1").returncode == 0
+
+
+class TestStatsSpeaksTheFormatsWords:
+    def test_an_llm_file_has_threads_and_turns_and_no_empty_tables(self, home):
+        result = run("stats", home=home)
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"{home / 'logs.db'}  (llm format, {(home / 'logs.db').stat().st_size / 1024:.1f} KiB)"
+        assert [line.split()[:2] for line in lines[1:3]] == [["threads", "2"], ["turns", "2"]]
+        assert "conversations" not in result.stdout and "calls" not in result.stdout
+        shown = lines[lines.index(next(line for line in lines if line.startswith("  rows per table"))) + 1:]
+        assert shown and all(int(line.split()[-1].replace(",", "")) > 0 for line in shown)
+        assert {line.split()[0] for line in shown} >= {"messages", "parts", "threads", "turns"}
+        report = json.loads(run("stats", "--json", home=home).stdout)
+        assert (report["conversation_table"], report["call_table"]) == ("threads", "turns")
+        assert report["tables"]["conversations"] == 0 and report["tables"]["responses"] == 0  # every table in JSON
+        empty = sum(1 for rows in report["tables"].values() if not rows)
+        assert f"  rows per table ({empty} empty not shown; --json lists every table):" in lines
