@@ -20,7 +20,7 @@ runner = CliRunner()
 
 
 def run(*args: str, env: dict | None = None):
-    return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+    return runner.invoke(app, list(args), env=env, catch_exceptions=False, prog_name="dagsync")
 
 
 @pytest.fixture
@@ -221,3 +221,67 @@ class TestMerge:
 
 def lines_added(line: str) -> str:
     return line.split()[1]
+
+
+COMMANDS = ("stats", "merge", "sync", "canonicalise", "verify", "gc", "pack", "unpack")
+
+
+class TestConventions:
+    @pytest.mark.parametrize("command", [None, *COMMANDS])
+    def test_dash_h_is_help(self, command):
+        args = [command] if command else []
+        short, long = run(*args, "-h"), run(*args, "--help")
+        assert (short.exit_code, long.exit_code) == (0, 0)
+        assert short.stdout == long.stdout and short.stdout.startswith("Usage: ")
+
+    @pytest.mark.parametrize(
+        ("command", "usage"),
+        [
+            ("merge", "Usage: dagsync merge [OPTIONS] [TARGET] SOURCE..."),
+            ("sync", "Usage: dagsync sync [OPTIONS] A B"),
+            ("gc", "Usage: dagsync gc [OPTIONS] [DB]"),
+            ("stats", "Usage: dagsync stats [OPTIONS] [DB]"),
+            ("pack", "Usage: dagsync pack [OPTIONS] [DB]"),
+        ],
+    )
+    def test_usage_lines_show_clean_metavars(self, command, usage):
+        help_text = run(command, "--help").stdout
+        assert help_text.splitlines()[0] == usage
+        for ugly in ("{", "[[", "<list", "<bool>", "<path>"):
+            assert ugly not in help_text
+
+    def test_every_command_summary_fits_one_line(self):
+        listing = run("--help").stdout.splitlines()
+        rows = listing[listing.index("Commands:") + 1:]
+        assert [row.split()[0] for row in rows] == list(COMMANDS[:3]) + ["canonicalise", "verify", "gc", "pack", "unpack"]
+        for row in rows:
+            assert not row.rstrip().endswith("...") and len(row) <= 80, row
+
+    def test_options_show_their_values_metavar(self):
+        assert "  --grace DURATION  " in run("gc", "--help").stdout
+        assert "  --level N  " in run("pack", "--help").stdout
+
+    def test_no_arguments_prints_help_and_exits_2(self):
+        result = run()
+        assert result.exit_code == 2 and "Commands:" in result.stderr + result.stdout
+
+    def test_an_unknown_option_is_a_usage_error(self):
+        result = run("verify", "--nope")
+        assert result.exit_code == 2 and result.stderr.endswith("Error: No such option: --nope\n")
+
+
+class TestSyncDryRun:
+    def test_two_legs_that_write_nothing(self, tmp_path):
+        from fixtures import family
+
+        a, b = [r.path for r in family(tmp_path / "fam", seed=43, machines=2, conversations=20)]
+        before = a.read_bytes(), b.read_bytes()
+        result = run("sync", str(a), str(b), "--dry-run")
+        assert result.exit_code == 0
+        assert (a.read_bytes(), b.read_bytes()) == before
+        firsts = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
+        assert [line.split(":")[0] for line in firsts] == [str(a), str(b)]
+        assert all(": would merge 1 source in " in line for line in firsts)
+        assert result.stdout.endswith("  (a dry run: the forks the first merge would add to A are not in the second)\n")
+        report = json.loads(run("sync", str(a), str(b), "--dry-run", "--json").stdout)
+        assert report["settle"] is None and report["into_b"]["dry_run"] is True
