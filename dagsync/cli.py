@@ -252,6 +252,9 @@ def _render_stats(s: Stats) -> str:
         "  rows per table" + (f" ({empty} empty not shown; --json lists every table):" if empty else ":"),
         *(f"    {name:<{width}}  {rows:>12,}" for name, rows in held.items()),
     ]
+    if s.fork_rows:
+        lines.append(f"  forks ({s.conversation_table} that fork another):")
+        lines += [f"    {f.id}  {f.name!r}, from {f.forked_from}" for f in s.fork_rows]
     return "\n".join(lines)
 
 
@@ -279,6 +282,8 @@ def _render_merge(report: MergeReport) -> str:
             if t.forked:
                 bits.append(f"{t.forked:,} forked (diverged)")
             lines.append(f"    {t.table:<26} {', '.join(bits)}")
+        for f in source.forks:
+            lines.append(f"    fork {f.fork} of {f.original}: {f.name!r}, holding the {f.side}'s branch (tip {f.head[:12]})")
     return "\n".join(lines)
 
 
@@ -401,6 +406,15 @@ def merge_command(
             metavar="[TARGET] SOURCE...",
         ),
     ],
+    label: Annotated[
+        Optional[str],
+        typer.Option(
+            "--label", metavar="NAME",
+            help="What the names of forks call the sources' branches. Default: each source's file name, "
+            "or the llm home directory it is in (this machine's name for llm's own).",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: DryRunOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
@@ -410,7 +424,7 @@ def merge_command(
     Messages already in TARGET under another id are mapped onto it; integer
     ids are renumbered; a conversation whose head moved on one side is
     fast-forwarded, and one that diverged keeps TARGET's head and gains a fork
-    named after the source. A key holding different content on the two sides
+    named after the source (--label). A key holding different content on the two sides
     stops the merge before anything is written. Sources are checked and
     opened read-only. A running llm may keep writing TARGET meanwhile.
 
@@ -420,7 +434,7 @@ def merge_command(
     target = database(paths[0]) if len(paths) > 1 else default_database()
     sources = [database(p) for p in (paths[1:] if len(paths) > 1 else paths)]
     with _Progress() as progress:
-        report = merge(target, sources, dry_run=dry_run, progress=progress)
+        report = merge(target, sources, dry_run=dry_run, progress=progress, label=label)
     _emit(report, as_json, quiet, _render_merge)
 
 

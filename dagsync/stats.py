@@ -14,7 +14,17 @@ from dagsync import faults
 from dagsync.db import Database, open_source
 from dagsync.formats import Key
 
-__all__ = ["Stats", "stats"]
+__all__ = ["ForkRow", "Stats", "stats"]
+
+
+@dataclass(frozen=True)
+class ForkRow:
+    """A conversation or thread that forks another: llm's own forks, and those merges added."""
+
+    id: str
+    name: str | None
+    forked_from: str | None
+    tip: str | None
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class Stats:
     # What the format calls them: "conversations" and "calls" (dag), "threads" and "turns" (llm).
     conversation_table: str = "conversations"
     call_table: str = "calls"
+    fork_rows: tuple[ForkRow, ...] = ()
 
 
 def _count(db: Database, sql: str, *args: object) -> int:
@@ -80,4 +91,26 @@ def stats(path: str | os.PathLike[str]) -> Stats:
             tables=tables,
             conversation_table=fmt.conversation_table,
             call_table=fmt.call_table,
+            fork_rows=_fork_rows(db, present),
         )
+
+
+def _fork_rows(db: Database, present: set[str]) -> tuple[ForkRow, ...]:
+    """Rows a merge recorded as forks (``_dagsync_forks``), and, where the
+    table says which row a fork came from (llm's ``forked_from``), those too."""
+    table = db.format.table(db.format.conversation_table)
+    pointer, key = table.pointer, table.natural_key[0]
+    columns = db.format.columns[table.name]
+    origins = []
+    if "forked_from" in columns:
+        origins.append(f'SELECT "{key}" AS fork, "forked_from" AS original FROM main."{table.name}" WHERE "forked_from" IS NOT NULL')
+    if "_dagsync_forks" in present:
+        origins.append(f"SELECT fork_key, key FROM main._dagsync_forks WHERE pointer_table = '{table.name}'")
+    if not origins:
+        return ()
+    name = '"name"' if "name" in columns else "NULL"
+    rows = db.conn.execute(
+        f"SELECT t.\"{key}\", {name}, o.original, t.\"{pointer}\" FROM ({' UNION '.join(origins)}) o "
+        f'JOIN main."{table.name}" t ON t."{key}" = o.fork ORDER BY t."{key}"'
+    )
+    return tuple(ForkRow(*row) for row in rows)

@@ -355,7 +355,7 @@ class TestForks:
         assert report.sources[0].table("conversations").forked == 1
         with sqlite3.connect(a) as conn:
             (fork, name) = conn.execute("SELECT id, name FROM conversations WHERE id != ?", (conversation,)).fetchone()
-        assert name == "plans (diverged on b.db)"
+        assert name == "plans (branch from b)"
         with MessageStore.open(a) as store:
             assert store.load_chain(store.conversation_head(conversation))[-1].parts[0].text == "yes"
             assert store.load_chain(store.conversation_head(fork))[-1].parts[0].text == "no"

@@ -181,12 +181,47 @@ def test_remapped_fragments_resolve_to_their_own_text(machines, merged):
         assert content in text
 
 
-def test_a_diverged_thread_gains_a_fork(merged):
+def test_a_diverged_thread_gains_a_fork_named_after_the_home_its_branch_came_from(merged):
     with sqlite3.connect(merged) as conn:
         forks = conn.execute(
-            "SELECT name, forked_from FROM threads WHERE name LIKE '%(diverged on logs.db)'"
+            "SELECT name, forked_from FROM threads WHERE name LIKE '% (branch from server)'"
         ).fetchall()
     assert forks and all(forked_from for _, forked_from in forks)
+
+
+def test_the_merge_report_and_stats_name_every_fork(tmp_path, machines):
+    target = tmp_path / "logs.db"
+    shutil.copyfile(machines[0], target)
+    done = subprocess.run(
+        [sys.executable, "-m", "dagsync", "merge", str(target), str(machines[1]), "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (source,) = json.loads(done.stdout)["sources"]
+    assert source["label"] == "server" and source["forks"]
+    with sqlite3.connect(target) as conn:
+        for fork in source["forks"]:
+            assert (fork["table"], fork["side"]) == ("threads", "source")
+            assert fork["name"].endswith(" (branch from server)")
+            row = conn.execute("SELECT name, forked_from, tip_message_hash FROM threads WHERE id = ?", (fork["fork"],)).fetchone()
+            assert row == (fork["name"], fork["original"], fork["head"])
+    stats = json.loads(subprocess.run(
+        [sys.executable, "-m", "dagsync", "stats", str(target), "--json"], capture_output=True, text=True, check=True,
+    ).stdout)  # fmt: skip
+    listed = {f["id"]: f for f in stats["fork_rows"]}
+    for fork in source["forks"]:
+        assert (listed[fork["fork"]]["name"], listed[fork["fork"]]["forked_from"]) == (fork["name"], fork["original"])
+    again = tmp_path / "again.db"
+    shutil.copyfile(machines[0], again)
+    text = subprocess.run(
+        [sys.executable, "-m", "dagsync", "merge", str(again), str(machines[1]), "--label", "the big box"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    fork = source["forks"][0]
+    assert any(
+        line.startswith("    fork ") and f" of {fork['original']}: " in line and "(branch from the big box)" in line
+        and line.endswith(f"holding the source's branch (tip {fork['head'][:12]})")
+        for line in text.splitlines()
+    ), text
 
 
 def test_merging_again_writes_nothing(machines, merged):

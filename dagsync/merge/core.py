@@ -17,6 +17,7 @@ row), ``temp."map_<table>"`` (integer ids), ``temp.ptr`` (pointer verdicts).
 
 from __future__ import annotations
 
+import socket
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from dagsync import packed
 from dagsync.db import Database
 from dagsync.errors import MergeConflict
 from dagsync.formats import Format, Key, Table
-from dagsync.merge.report import Counts, SourceReport, TableReport
+from dagsync.merge.report import Counts, ForkReport, SourceReport, TableReport
 from dagsync.store import UlidFactory
 from dagsync.writer import Writer
 
@@ -45,14 +46,29 @@ def quoted(columns: tuple[str, ...] | list[str], alias: str = "") -> str:
     return ", ".join(f'{prefix}"{c}"' for c in columns)
 
 
+def source_label(path: Path) -> str:
+    """What fork names call a source: its file's name without the suffix, or,
+    for llm's own file names (logs.db, dag.db), the home directory holding it,
+    or this machine's name when that is llm's default directory."""
+    path = Path(path)
+    if path.stem not in ("logs", "dag"):
+        return path.stem
+    home = path.resolve().parent
+    if home.name in ("io.datasette.llm", ""):
+        return socket.gethostname()
+    return home.name
+
+
 class SourceMerge:
     """One source into one target: what planning and writing share."""
 
-    def __init__(self, target: Database, source: Path, writer: Writer) -> None:
+    def __init__(self, target: Database, source: Path, writer: Writer, label: str | None = None) -> None:
         self.db = target
         self.conn = target.conn
         self.fmt: Format = target.format
         self.source = source
+        self.label = label or source_label(source)
+        self.forks: list[ForkReport] = []  # fork rows written (pointers.apply)
         self.writer = writer
         self.conflicts: list[str] = []
         # What the plan found, then (once applied) what was written.
@@ -167,4 +183,4 @@ class SourceMerge:
             for name, c in self.counts.items()
             if self.present(self.fmt.table(name))
         )
-        return SourceReport(str(self.source), self.fmt.name, tables)
+        return SourceReport(str(self.source), self.fmt.name, tables, tuple(self.forks), self.label)

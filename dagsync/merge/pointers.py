@@ -8,7 +8,8 @@ its pointer differs, the merge decides, into ``temp.ptr``:
   ahead), or is a head the target already has;
 * FORK - the heads diverged: the target keeps its head, and gains a copy of
   the source's row under a new key, pointing at the source's head, named
-  ``<name> (diverged on <source file>)``, recorded in ``_dagsync_forks``.
+  ``<name> (branch from <source label>)``, recorded in ``_dagsync_forks``
+  (``core.source_label``: the file's stem, or the llm home it is in).
 
 A source head is never dropped. The candidates in the target are the row
 itself and the fork rows earlier merges added for it, so the same
@@ -28,6 +29,7 @@ from dagsync.formats import Table
 from dagsync.merge.core import SourceMerge, quoted
 from dagsync.merge.maps import expr
 from dagsync.merge.messages import NEW
+from dagsync.merge.report import ForkReport
 
 __all__ = ["apply", "plan"]
 
@@ -79,6 +81,19 @@ def plan(run: SourceMerge, table: Table) -> None:
     counts = run.counts[name]
     counts.updated = run.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FAST_FORWARD,))
     counts.forked = run.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FORK,))
+    # The forks the apply will add, for the report (a dry run's too).
+    named = '"name"' if "name" in run.columns[name] else "NULL"
+    for original, s_head, fork_name in c.execute(
+        f'SELECT p.key, p.s_head, s.{named} FROM temp.ptr p JOIN src."{name}" s ON s."{key}" = p.key '
+        "WHERE p.verdict = ?",
+        (FORK,),
+    ).fetchall():
+        fork_name = None if named == "NULL" else f"{fork_name or 'conversation'}{_suffix(run)}"
+        run.forks.append(ForkReport(name, original, _fork_key(run, name, key, original, s_head), fork_name, s_head, "source"))
+
+
+def _suffix(run: SourceMerge) -> str:
+    return f" (branch from {run.label})"
 
 
 def _candidates(run: SourceMerge, table: Table) -> None:
@@ -165,7 +180,8 @@ def apply(run: SourceMerge, table: Table) -> None:
     forks = list(c.execute("SELECT key, s_head FROM temp.ptr WHERE verdict = ?", (FORK,)))
     if not forks:
         return
-    suffix = f" (diverged on {run.source.name})"
+    suffix = _suffix(run)
+    run.forks = [f for f in run.forks if f.table != name]  # what is written replaces what was planned
     with run.writer.transaction():
         bookkeeping.ensure(c)
         for original, s_head in forks:
@@ -194,6 +210,8 @@ def apply(run: SourceMerge, table: Table) -> None:
                 (name, original, s_head, fork_key),
             )
             run.written[name].forked += 1
+            fork_name = run.one(f'SELECT "name" FROM main."{name}" WHERE "{key}" = ?', (fork_key,)) if "name" in values else None
+            run.forks.append(ForkReport(name, original, fork_key, fork_name, s_head, "source"))
 
 
 def _fork_key(run: SourceMerge, table: str, key: str, original: str, head: str) -> str:
@@ -211,7 +229,7 @@ def _fork_key(run: SourceMerge, table: str, key: str, original: str, head: str) 
         return run.new_id()
     # Everything the fork row is made of: the same divergence merged from
     # another file (another name in the row) is another fork.
-    digest = hashlib.sha256(f"{original}\0{head}\0{run.source.name}".encode()).digest()[:10]
+    digest = hashlib.sha256(f"{original}\0{head}\0{run.label}".encode()).digest()[:10]
     candidate = str(ULID.from_bytes(max(ms - 1, 0).to_bytes(6, "big") + digest)).lower()
     if run.one(f'SELECT 1 FROM main."{table}" WHERE "{key}" = ?', (candidate,)):
         return run.new_id()

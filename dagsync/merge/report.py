@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Counts", "MergeReport", "SourceReport", "TableReport"]
+__all__ = ["Counts", "ForkReport", "MergeReport", "SourceReport", "TableReport"]
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,24 @@ class TableReport:
 
 
 @dataclass(frozen=True)
+class ForkReport:
+    """A fork row a merge added for a pointer that diverged."""
+
+    table: str  # conversations (dag) or threads (llm)
+    original: str  # the row whose pointer diverged
+    fork: str  # the new row's key
+    name: str | None
+    head: str  # where the fork points: the branch's tip
+    side: str  # whose branch the fork holds: "source" or "target"
+
+
+@dataclass(frozen=True)
 class SourceReport:
     source: str
     format: str
     tables: tuple[TableReport, ...]
+    forks: tuple[ForkReport, ...] = ()
+    label: str = ""  # how fork names call this source
 
     def table(self, name: str) -> TableReport:
         return next(t for t in self.tables if t.table == name)
