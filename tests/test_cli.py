@@ -285,3 +285,10 @@ class TestSyncDryRun:
         assert result.stdout.endswith("  (a dry run: the forks the first merge would add to A are not in the second)\n")
         report = json.loads(run("sync", str(a), str(b), "--dry-run", "--json").stdout)
         assert report["settle"] is None and report["into_b"]["dry_run"] is True
+
+
+def test_the_command_line_imports_no_click_of_its_own():
+    """typer (0.26 and later) carries its own click, and a `pip install dagsync`
+    without llm has no other: the command line must not need one."""
+    code = "import sys, dagsync.cli; sys.exit('click' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

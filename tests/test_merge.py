@@ -340,7 +340,9 @@ class TestDryRun:
 
 
 class TestForks:
-    def test_a_diverged_head_keeps_the_target_and_forks_the_source(self, tmp_path):
+    @staticmethod
+    def diverged(tmp_path):
+        """a.db and b.db continue one conversation; b's answer is stored last."""
         base = tmp_path / "base.db"
         with MessageStore.open(base) as store:
             conversation = store.start_conversation("plans", "m")
@@ -351,15 +353,38 @@ class TestForks:
             shutil.copyfile(base, path)
             with MessageStore.open(path) as store:
                 store.advance_conversation(conversation, store.save_chain([Message("assistant", [TextPart(answer)])], head))
-        report = merge(a, [b])
+        return a, b, conversation
+
+    @pytest.mark.parametrize("target", ["a", "b"])
+    def test_the_branch_continued_last_keeps_the_conversation_whichever_file_is_the_target(self, tmp_path, target):
+        a, b, conversation = self.diverged(tmp_path)
+        into, source = (a, b) if target == "a" else (b, a)
+        report = merge(into, [source])
         assert report.sources[0].table("conversations").forked == 1
-        with sqlite3.connect(a) as conn:
-            (fork, name) = conn.execute("SELECT id, name FROM conversations WHERE id != ?", (conversation,)).fetchone()
-        assert name == "plans (branch from b)"
-        with MessageStore.open(a) as store:
-            assert store.load_chain(store.conversation_head(conversation))[-1].parts[0].text == "yes"
-            assert store.load_chain(store.conversation_head(fork))[-1].parts[0].text == "no"
-        assert merge(a, [b]).sources[0].written == 0  # the fork is not added twice
+        (fork,) = report.sources[0].forks
+        assert (fork.original, fork.side) == (conversation, "target" if target == "a" else "source")
+        with sqlite3.connect(into) as conn:
+            (fork_id, name) = conn.execute("SELECT id, name FROM conversations WHERE id != ?", (conversation,)).fetchone()
+        assert (fork_id, name) == (fork.fork, "plans (branch from a)") == (fork.fork, fork.name)
+        assert fork_id < conversation  # llm -c, which takes the highest id, never picks the fork
+        with MessageStore.open(into) as store:
+            assert store.load_chain(store.conversation_head(conversation))[-1].parts[0].text == "no"
+            assert store.load_chain(store.conversation_head(fork_id))[-1].parts[0].text == "yes"
+        assert merge(into, [source]).sources[0].written == 0  # the fork is not added twice
+
+    def test_either_order_gives_the_same_conversations(self, tmp_path):
+        a, b, _ = self.diverged(tmp_path)
+        # Each file keeps its name (fork names come from it): a's copy takes b, b's copy takes a.
+        (tmp_path / "x").mkdir()
+        (tmp_path / "y").mkdir()
+        ab, ba = tmp_path / "x" / "a.db", tmp_path / "y" / "b.db"
+        shutil.copyfile(a, ab)
+        shutil.copyfile(b, ba)
+        merge(ab, [b])
+        merge(ba, [a])
+        rows = "SELECT * FROM conversations ORDER BY id"
+        with sqlite3.connect(ab) as x, sqlite3.connect(ba) as y:
+            assert x.execute(rows).fetchall() == y.execute(rows).fetchall()
 
     def test_a_head_that_moved_ahead_fast_forwards(self, tmp_path):
         a = tmp_path / "a.db"

@@ -174,6 +174,15 @@ class Format:
     packed: tuple[PackedColumn, ...] = ()
     # Tables (besides messages) whose key a merge re-computes for every row it copies.
     proven: tuple[KeyProof, ...] = ()
+    # Branches (merge.branches): when a conversation's pointer diverged, the
+    # branch whose tip is newest keeps the conversation, by ``branch_time``
+    # (table, tip column, time column, and the column naming the
+    # conversation, if the rows have one: the latest time of the rows at
+    # that tip); and each call follows the branch whose chain holds its
+    # ``call_tip``, through its ``call_conversation`` column.
+    branch_time: tuple[str, str, str, str | None] | None = None
+    call_conversation: str | None = None
+    call_tip: str | None = None
 
     @cached_property
     def schema_sql(self) -> str:

@@ -47,6 +47,9 @@ DAG = Format(
     migration_gate="number",
     # Written in two spellings (see the spec); SQLite's date functions read both.
     message_time="created_at",
+    branch_time=("messages", "id", "created_at", None),
+    call_conversation="conversation_id",
+    call_tip="head_output_message_id",
     packed=(PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json")),
     # The spec keys an attachment by the sha256 of its content (one that is
     # only a URL or a path cannot be proven from the file) and says nothing

@@ -71,6 +71,10 @@ LLM = Format(
     part_table="parts",
     migrations=MIGRATIONS,
     migration_gate="name",
+    # llm's messages carry no time; the turn that ends at a tip does.
+    branch_time=("turns", "tip_message_hash", "datetime_utc", "thread_id"),
+    call_conversation="thread_id",
+    call_tip="tip_message_hash",
     # llm writes a part_fragments / part_attachments row for each of these
     # too; gc counts both, in case a file has one without the other.
     payload_refs=(

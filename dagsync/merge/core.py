@@ -68,7 +68,10 @@ class SourceMerge:
         self.fmt: Format = target.format
         self.source = source
         self.label = label or source_label(source)
+        self.target_label = source_label(target.path)
         self.forks: list[ForkReport] = []  # fork rows written (pointers.apply)
+        # branches.plan made temp.branch (source calls onto forks) and temp.tmove (target calls).
+        self.branches = False
         self.writer = writer
         self.conflicts: list[str] = []
         # What the plan found, then (once applied) what was written.

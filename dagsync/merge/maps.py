@@ -47,6 +47,9 @@ def expr(run: SourceMerge, table: Table, column: str, alias: str = "s", written:
         if ref_table.key is Key.INTEGER:
             return f'(SELECT dst FROM temp."map_{ref}" WHERE src = {alias}."{column}")'
     value = payload(run, table, column, alias)
+    if run.branches and table.name == run.fmt.call_table and column == run.fmt.call_conversation:
+        # A call follows its branch: onto a fork, where branches.plan said so.
+        return f'coalesce((SELECT conv FROM temp.branch WHERE call = {alias}."{table.natural_key[0]}"), {value})'
     for json_ref in table.json_refs:
         if json_ref.column == column:
             # Only JSON that can hold ids goes through Python.
@@ -87,8 +90,12 @@ def _json_function(run: SourceMerge, json_ref: JsonRef) -> str:
 
 
 def differs(run: SourceMerge, table: Table, column: str) -> str:
-    """SQL true when target row ``t`` holds another ``column`` than source row ``s``."""
+    """SQL true when target row ``t`` holds another ``column`` than source row ``s``
+    (as it will hold it: a target call this merge moves onto a fork, moved)."""
     value = expr(run, table, column)
+    if run.branches and table.name == run.fmt.call_table and column == run.fmt.call_conversation:
+        key = table.natural_key[0]
+        return f'coalesce((SELECT conv FROM temp.tmove WHERE call = t."{key}"), t."{column}") IS NOT {value}'
     raw = f's."{column}"'
     ref = run.fmt.references[table.name].get(column)
     if value == raw or ref is None or run.fmt.table(ref).key not in MESSAGE_KEYS:

@@ -3,18 +3,25 @@
 The one kind of value llm changes in place. When a row is on both sides and
 its pointer differs, the merge decides, into ``temp.ptr``:
 
-* FAST_FORWARD - the target's head is on the source head's chain: move it on;
+* FAST_FORWARD - the target's head (or one of its forks') is on the source
+  head's chain: move it on;
 * KEEP - the source's head is on the target head's chain (the target is
-  ahead), or is a head the target already has;
-* FORK - the heads diverged: the target keeps its head, and gains a copy of
-  the source's row under a new key, pointing at the source's head, named
-  ``<name> (branch from <source label>)``, recorded in ``_dagsync_forks``
-  (``core.source_label``: the file's stem, or the llm home it is in).
+  ahead), or is a head the target or one of its forks already has;
+* FORK - the heads diverged and the target's branch is the newer: the
+  target keeps its head, and gains a copy of the source's row under the
+  branch's fork key, pointing at the source's head;
+* SWAP (``branches``) - they diverged and the source's branch is the newer:
+  the row moves to the source's head, and a copy of the target's row, under
+  its branch's fork key, keeps the target's head.
 
-A source head is never dropped. The candidates in the target are the row
-itself and the fork rows earlier merges added for it, so the same
-divergence merged again, or from another order of files, lands on exactly
-the chains it would have had.
+A fork row is named ``<name> (branch from <label>)``, after the file the
+branch came from (``core.source_label``, or merge's ``--label``), keyed by
+the branch alone (``_fork_key``), and recorded in ``_dagsync_forks``. The
+calls of a forked conversation follow their branch (``branches``). A head is
+never dropped. The candidates in the target are the row itself and its
+forks (recorded, or, in the llm format, any thread ``forked_from`` it), so
+the same divergence merged again, or from another order of files, lands on
+exactly the chains it would have had.
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import apsw
 from ulid import ULID
 
 from dagsync import bookkeeping
 from dagsync.formats import Table
+from dagsync.merge import branches
+from dagsync.merge.branches import SWAP
 from dagsync.merge.core import SourceMerge, quoted
 from dagsync.merge.maps import expr
 from dagsync.merge.messages import NEW
@@ -78,22 +88,38 @@ def plan(run: SourceMerge, table: Table) -> None:
         (FAST_FORWARD,),
     )
     c.execute("UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL", (FORK,))
+    branches.choose(run, table, FORK)
     counts = run.counts[name]
-    counts.updated = run.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FAST_FORWARD,))
-    counts.forked = run.one("SELECT count(*) FROM temp.ptr WHERE verdict = ?", (FORK,))
-    # The forks the apply will add, for the report (a dry run's too).
+    # A swap moves the row on to the source's head, and adds a fork: both.
+    counts.updated = run.one("SELECT count(*) FROM temp.ptr WHERE verdict IN (?, ?)", (FAST_FORWARD, SWAP))
+    counts.forked = run.one("SELECT count(*) FROM temp.ptr WHERE verdict IN (?, ?)", (FORK, SWAP))
+    # The forks the apply will add (for the report, a dry run's too), and
+    # where every call of their conversations belongs.
+    c.execute("ALTER TABLE temp.ptr ADD COLUMN fork TEXT")
     named = '"name"' if "name" in run.columns[name] else "NULL"
-    for original, s_head, fork_name in c.execute(
-        f'SELECT p.key, p.s_head, s.{named} FROM temp.ptr p JOIN src."{name}" s ON s."{key}" = p.key '
-        "WHERE p.verdict = ?",
-        (FORK,),
+    planned = []
+    for original, verdict, s_head, t_head, s_name, t_name in c.execute(
+        f'SELECT p.key, p.verdict, p.s_head, p.t_head, s.{named}, t.{named} FROM temp.ptr p '
+        f'JOIN src."{name}" s ON s."{key}" = p.key JOIN main."{name}" t ON t."{key}" = p.key '
+        "WHERE p.verdict IN (?, ?)",
+        (FORK, SWAP),
     ).fetchall():
-        fork_name = None if named == "NULL" else f"{fork_name or 'conversation'}{_suffix(run)}"
-        run.forks.append(ForkReport(name, original, _fork_key(run, name, key, original, s_head), fork_name, s_head, "source"))
+        side, head, label = ("source", s_head, run.label) if verdict == FORK else ("target", t_head, run.target_label)
+        fork_key = _fork_key(original, head)
+        fork_name = None if named == "NULL" else _fork_name(s_name if verdict == FORK else t_name, label)
+        run.forks.append(ForkReport(name, original, fork_key, fork_name, head, side))
+        planned.append((original, fork_key, head, verdict))
+    c.executemany("UPDATE temp.ptr SET fork = ? WHERE key = ?", [(f, k) for k, f, _, _ in planned])
+    raw_heads = dict(c.execute("SELECT key, s_raw FROM temp.ptr WHERE verdict = ?", (FORK,)).fetchall())
+    branches.plan(
+        run, table,
+        [(k, f, raw_heads[k] if v == FORK else h, v == FORK) for k, f, h, v in planned],
+        FAST_FORWARD,
+    )  # fmt: skip
 
 
-def _suffix(run: SourceMerge) -> str:
-    return f" (branch from {run.label})"
+def _fork_name(name: str | None, label: str) -> str:
+    return f"{name or 'conversation'} (branch from {label})"
 
 
 def _candidates(run: SourceMerge, table: Table) -> None:
@@ -107,6 +133,14 @@ def _candidates(run: SourceMerge, table: Table) -> None:
             f"JOIN main._dagsync_forks f ON f.pointer_table = ? AND f.key = p.key "
             f'JOIN main."{table.name}" t ON t."{table.natural_key[0]}" = f.fork_key WHERE p.verdict IS NULL',
             (table.name,),
+        )
+    if "forked_from" in run.columns[table.name]:
+        # llm says which thread a thread forked from: a fork another file's merge added counts too.
+        c.execute(
+            f'INSERT INTO temp.cand SELECT p.key, t."{table.natural_key[0]}", t."{table.pointer}" FROM temp.ptr p '
+            f'JOIN main."{table.name}" t ON t."forked_from" = p.key WHERE p.verdict IS NULL '
+            "AND NOT EXISTS (SELECT 1 FROM temp.cand c WHERE c.key = p.key AND c.row = t."
+            f'"{table.natural_key[0]}")'
         )
     c.execute("CREATE INDEX temp.cand_key ON cand (key, head)")
 
@@ -177,60 +211,72 @@ def apply(run: SourceMerge, table: Table) -> None:
             f'WHERE t."{key}" = ptr.row AND t."{pointer}" IS ptr.s_head)',
             (FORK, FAST_FORWARD),
         )
-    forks = list(c.execute("SELECT key, s_head FROM temp.ptr WHERE verdict = ?", (FORK,)))
-    if not forks:
+    forks = list(c.execute("SELECT key, verdict, s_head, t_head, fork FROM temp.ptr WHERE verdict IN (?, ?)", (FORK, SWAP)))
+    if not forks and not run.branches:
         return
-    suffix = _suffix(run)
-    run.forks = [f for f in run.forks if f.table != name]  # what is written replaces what was planned
     with run.writer.transaction():
         bookkeeping.ensure(c)
-        for original, s_head in forks:
-            fork_key = _fork_key(run, name, key, original, s_head)
-            # A copy of the source's row under a new key, pointing where the
-            # source pointed, named so a person can see where it came from
-            # (and, in the llm format, saying which thread it forked from).
-            values: dict[str, tuple[str, tuple[Any, ...]]] = {col: (f's."{col}"', ()) for col in run.columns[name]}
-            values[key] = ("?", (fork_key,))
-            values[pointer] = ("?", (s_head,))
-            if "name" in values:
-                values["name"] = ("coalesce(s.\"name\", 'conversation') || ?", (suffix,))
-            if "forked_from" in values:
-                values["forked_from"] = ("?", (original,))
-            exprs = ", ".join(sql for sql, _ in values.values())
-            params = [p for _, ps in values.values() for p in ps]
-            c.execute(
-                f'INSERT INTO main."{name}" ({quoted(list(values))}) SELECT {exprs} '
-                f'FROM src."{name}" s WHERE s."{key}" = ?',
-                (*params, original),
-            )
-            if not run.changes():
-                continue  # the source row is gone; nothing to record
-            c.execute(
-                "INSERT INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
-                (name, original, s_head, fork_key),
-            )
-            run.written[name].forked += 1
-            fork_name = run.one(f'SELECT "name" FROM main."{name}" WHERE "{key}" = ?', (fork_key,)) if "name" in values else None
-            run.forks.append(ForkReport(name, original, fork_key, fork_name, s_head, "source"))
+        for original, verdict, s_head, t_head, fork_key in forks:
+            fork_key = fork_key or _fork_key(original, s_head)  # a fast-forward a live writer turned into a fork
+            if verdict == SWAP:
+                # The source's branch is the newer: the row moves to it (only
+                # if it still points where the plan saw it), and the target's
+                # branch goes to the fork.
+                c.execute(
+                    f'UPDATE main."{name}" SET "{pointer}" = ? WHERE "{key}" = ? AND "{pointer}" IS ?',
+                    (s_head, original, t_head),
+                )
+                if not run.changes():
+                    # A live writer continued the target's branch meanwhile: plan again.
+                    raise apsw.ConstraintError(f"{name} {original} moved while the merge was writing")
+                run.written[name].updated += 1
+                _add_fork(run, table, "main", original, fork_key, t_head, run.target_label)
+            else:
+                _add_fork(run, table, "src", original, fork_key, s_head, run.label)
+        branches.apply(run)
 
 
-def _fork_key(run: SourceMerge, table: str, key: str, original: str, head: str) -> str:
-    """A key for the fork of row ``original`` that sorts just before it.
+def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_key: str, head: str, label: str) -> None:
+    """A copy of ``schema``'s row ``original`` under ``fork_key``, pointing at
+    ``head``, named after the branch's ``label`` (and, in the llm format,
+    saying which thread it forked from); recorded in ``_dagsync_forks``."""
+    c = run.conn
+    name, pointer, key = table.name, table.pointer, table.natural_key[0]
+    values: dict[str, tuple[str, tuple[Any, ...]]] = {col: (f's."{col}"', ()) for col in run.columns[name]}
+    values[key] = ("?", (fork_key,))
+    values[pointer] = ("?", (head,))
+    if "name" in values:
+        values["name"] = ("coalesce(s.\"name\", 'conversation') || ?", (f" (branch from {label})",))
+    if "forked_from" in values:
+        values["forked_from"] = ("?", (original,))
+    exprs = ", ".join(sql for sql, _ in values.values())
+    params = [p for _, ps in values.values() for p in ps]
+    # OR IGNORE: the same fork may arrive as a row of the source (a file this one synced with).
+    c.execute(
+        f'INSERT OR IGNORE INTO main."{name}" ({quoted(list(values))}) SELECT {exprs} '
+        f'FROM {schema}."{name}" s WHERE s."{key}" = ?',
+        (*params, original),
+    )
+    if run.changes():
+        run.written[name].forked += 1
+    c.execute(
+        "INSERT OR IGNORE INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
+        (name, original, head, fork_key),
+    )
+
+
+def _fork_key(original: str, head: str) -> str:
+    """The key of the fork of row ``original`` holding the branch at ``head``:
+    the same in every file and every merge of that branch.
 
     llm continues (``llm -c``) the thread or conversation with the highest
-    id; a fork row has no turns of its own, so it must never be the newest.
-    A ULID one millisecond older than the original's, its random part taken
-    from (original, head), does that, and is the same in every merge of the
-    same divergence. Anything else gets a new ULID.
+    id, so a fork sorts just before its original: a ULID one millisecond
+    older, its random part taken from (original, head). A key that is not a
+    ULID gets one made from the same digest.
     """
+    digest = hashlib.sha256(f"{original}\0{head}".encode()).digest()
     try:
         ms = ULID.from_str(original.upper()).milliseconds
     except (ValueError, TypeError):
-        return run.new_id()
-    # Everything the fork row is made of: the same divergence merged from
-    # another file (another name in the row) is another fork.
-    digest = hashlib.sha256(f"{original}\0{head}\0{run.label}".encode()).digest()[:10]
-    candidate = str(ULID.from_bytes(max(ms - 1, 0).to_bytes(6, "big") + digest)).lower()
-    if run.one(f'SELECT 1 FROM main."{table}" WHERE "{key}" = ?', (candidate,)):
-        return run.new_id()
-    return candidate
+        return str(ULID.from_bytes(digest[:16])).lower()
+    return str(ULID.from_bytes(max(ms - 1, 0).to_bytes(6, "big") + digest[:10])).lower()

@@ -1,0 +1,143 @@
+"""Forks llm can use: two machines continue one thread, and llm 0.36 itself
+works with what a merge or a sync makes of it.
+
+A laptop and a server start from one history and each continues its copy of
+the same thread; the server's prompt comes last. After a merge, in either
+direction, the thread continues the server's branch and a fork thread holds
+the laptop's: ``llm logs --cid`` lists each branch's turns, ``llm --cid FORK``
+continues the laptop's branch, ``LogStore.verify()`` is ``[]``. Either
+direction gives the same threads and turns, and ``sync`` converges: a second
+sync writes nothing, and neither does one after more prompts on both sides
+and another sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llm")
+sqlite_utils = pytest.importorskip("sqlite_utils")
+from llm.logs import LogStore  # noqa: E402
+
+
+def llm(home: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "llm", *args],
+        env={**os.environ, "LLM_USER_PATH": str(home)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def dagsync(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "dagsync", *args, "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def logged(home: Path, thread: str) -> list[str]:
+    """The prompts ``llm logs --cid`` lists for a thread, oldest first."""
+    return [r["prompt"] for r in json.loads(llm(home, "logs", "list", "--cid", thread, "--json", "-n", "0"))]
+
+
+THREADS = "SELECT id, name, tip_message_hash, forked_from FROM threads ORDER BY id"
+TURNS = "SELECT id, thread_id, parent_message_hash, tip_message_hash FROM turns ORDER BY id"
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory) -> tuple[Path, Path, str]:
+    """Homes ``laptop`` and ``server``; the thread both continued."""
+    root = tmp_path_factory.mktemp("forks")
+    shared = root / "shared"
+    llm(shared, "-m", "echo", "-s", "You are terse.", "the shared opening")
+    llm(shared, "-m", "echo", "-c", "the shared second turn")
+    (thread,) = [t for (t,) in rows(shared / "logs.db", "SELECT id FROM threads")]
+    laptop, server = root / "laptop", root / "server"
+    for home in (laptop, server):
+        shutil.copytree(shared, home)
+    llm(laptop, "-m", "echo", "-c", "the laptop carries on about the alpaca")
+    llm(server, "-m", "echo", "-c", "the server carries on about the zeppelin")  # the later one
+    return laptop, server, thread
+
+
+def merged_into(tmp_path: Path, target_home: Path, source_home: Path) -> Path:
+    home = tmp_path / target_home.name
+    shutil.copytree(target_home, home)
+    dagsync("merge", str(home), str(source_home))
+    return home
+
+
+@pytest.mark.parametrize("direction", ["server into laptop", "laptop into server"])
+def test_each_branch_is_a_thread_llm_lists_and_continues(tmp_path, machines, direction):
+    laptop, server, thread = machines
+    target, source = (laptop, server) if direction == "server into laptop" else (server, laptop)
+    home = merged_into(tmp_path, target, source)
+    db = home / "logs.db"
+    ((fork, name, forked_from),) = rows(db, "SELECT id, name, forked_from FROM threads WHERE forked_from IS NOT NULL")
+    assert forked_from == thread and name.endswith(" (branch from laptop)")
+    # The original continues the branch continued last (the server's); the fork holds the laptop's.
+    assert logged(home, thread) == ["the shared opening", "the shared second turn", "the server carries on about the zeppelin"]
+    assert logged(home, fork) == ["the laptop carries on about the alpaca"]
+    # llm continues the fork: the new turn lands on it, after the laptop's branch.
+    llm(home, "-m", "echo", "--cid", fork, "the laptop's branch goes on")
+    assert logged(home, fork) == ["the laptop carries on about the alpaca", "the laptop's branch goes on"]
+    store = LogStore(sqlite_utils.Database(db))
+    assert store.verify() == []
+    chain = store.load_chain(store.thread_tip(fork))
+    assert len(chain) == 9  # the system prompt, and user and assistant for each of four prompts on this branch
+    said = " ".join(getattr(p, "text", "") for m in chain for p in m.parts)
+    assert "alpaca" in said and "zeppelin" not in said
+    # And -c still continues the newest thread the user had, not the fork.
+    assert fork < thread
+
+
+def test_either_direction_gives_the_same_threads_and_turns(tmp_path, machines):
+    laptop, server, _ = machines
+    one = merged_into(tmp_path / "one", laptop, server) / "logs.db"
+    other = merged_into(tmp_path / "other", server, laptop) / "logs.db"
+    assert rows(one, THREADS) == rows(other, THREADS)
+    assert rows(one, TURNS) == rows(other, TURNS)
+
+
+def written(report: dict) -> int:
+    legs = [report["into_a"], report["into_b"], *([report["settle"]] if report["settle"] else [])]
+    return sum(
+        t["added"] + t["updated"] + t["forked"] for leg in legs for s in leg["sources"] for t in s["tables"]
+    )
+
+
+def test_sync_converges_and_stays_converged(tmp_path, machines):
+    laptop, server, thread = machines
+    a, b = tmp_path / "laptop", tmp_path / "server"
+    shutil.copytree(laptop, a)
+    shutil.copytree(server, b)
+    first = dagsync("sync", str(a), str(b))
+    assert written(first) > 0
+    for sql in (THREADS, TURNS):
+        assert rows(a / "logs.db", sql) == rows(b / "logs.db", sql)
+    assert written(dagsync("sync", str(a), str(b))) == 0
+    # More prompts on both sides: the laptop on its branch (now the fork), the server on the thread.
+    ((fork,),) = rows(a / "logs.db", "SELECT id FROM threads WHERE forked_from IS NOT NULL")
+    llm(a, "-m", "echo", "--cid", fork, "the laptop, after the sync")
+    llm(b, "-m", "echo", "--cid", thread, "the server, after the sync")
+    assert written(dagsync("sync", str(a), str(b))) > 0
+    for sql in (THREADS, TURNS):
+        assert rows(a / "logs.db", sql) == rows(b / "logs.db", sql)
+    assert written(dagsync("sync", str(a), str(b))) == 0
+    for home in (a, b):
+        assert LogStore(sqlite_utils.Database(home / "logs.db")).verify() == []
+        assert logged(home, fork)[-1] == "the laptop, after the sync"
+        assert logged(home, thread)[-1] == "the server, after the sync"
