@@ -105,7 +105,7 @@ def _fork_rows(db: Database, present: set[str]) -> tuple[ForkRow, ...]:
     if "forked_from" in columns:
         origins.append(f'SELECT "{key}" AS fork, "forked_from" AS original FROM main."{table.name}" WHERE "forked_from" IS NOT NULL')
     if "_dagsync_forks" in present:
-        origins.append(f"SELECT fork_key, key FROM main._dagsync_forks WHERE pointer_table = '{table.name}'")
+        origins.append(f"SELECT fork_key AS fork, key AS original FROM main._dagsync_forks WHERE pointer_table = '{table.name}'")
     if not origins:
         return ()
     name = '"name"' if "name" in columns else "NULL"

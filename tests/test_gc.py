@@ -117,6 +117,10 @@ def llm_keys(nodes: list[tuple[str, str | None]]) -> dict[str, str]:
 
 def keys(path: Path, sql: str) -> set:
     with sqlite3.connect(path) as conn:
+        if "_dagsync_gc_seen" in sql and not conn.execute(
+            "SELECT 1 FROM sqlite_schema WHERE name = '_dagsync_gc_seen'"
+        ).fetchone():
+            return set()  # gc makes its bookkeeping only when it has something to remember
         return {row[0] for row in conn.execute(sql)}
 
 

@@ -190,7 +190,9 @@ def test_a_diverged_thread_gains_a_fork(merged):
 
 
 def test_the_merge_report_and_stats_name_every_fork(tmp_path, machines):
-    target = tmp_path / "logs.db"
+    # The server's prompts came last: its branches keep the threads, the laptop's go to forks.
+    target = tmp_path / "laptop" / "logs.db"
+    target.parent.mkdir()
     shutil.copyfile(machines[0], target)
     done = subprocess.run(
         [sys.executable, "-m", "dagsync", "merge", str(target), str(machines[1]), "--json"],
@@ -200,8 +202,8 @@ def test_the_merge_report_and_stats_name_every_fork(tmp_path, machines):
     assert source["label"] == "server" and source["forks"]
     with sqlite3.connect(target) as conn:
         for fork in source["forks"]:
-            assert (fork["table"], fork["side"]) == ("threads", "source")
-            assert fork["name"].endswith(" (branch from server)")
+            assert (fork["table"], fork["side"]) == ("threads", "target")
+            assert fork["name"].endswith(" (branch from laptop)")
             row = conn.execute("SELECT name, forked_from, tip_message_hash FROM threads WHERE id = ?", (fork["fork"],)).fetchone()
             assert row == (fork["name"], fork["original"], fork["head"])
     stats = json.loads(subprocess.run(
@@ -210,16 +212,17 @@ def test_the_merge_report_and_stats_name_every_fork(tmp_path, machines):
     listed = {f["id"]: f for f in stats["fork_rows"]}
     for fork in source["forks"]:
         assert (listed[fork["fork"]]["name"], listed[fork["fork"]]["forked_from"]) == (fork["name"], fork["original"])
-    again = tmp_path / "again.db"
-    shutil.copyfile(machines[0], again)
+    # The other way round, the laptop's branches are the source's, named by --label.
+    other = tmp_path / "server.db"
+    shutil.copyfile(machines[1], other)
     text = subprocess.run(
-        [sys.executable, "-m", "dagsync", "merge", str(again), str(machines[1]), "--label", "the big box"],
+        [sys.executable, "-m", "dagsync", "merge", str(other), str(machines[0]), "--label", "the big box"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     fork = source["forks"][0]
     assert any(
-        line.startswith("    fork ") and f" of {fork['original']}: " in line and "(branch from the big box)" in line
-        and line.endswith(f"holding the source's branch (tip {fork['head'][:12]})")
+        line == f"    fork {fork['fork']} of {fork['original']}: '{fork['name'].replace('laptop', 'the big box')}', "
+        f"holding the source's branch (tip {fork['head'][:12]})"
         for line in text.splitlines()
     ), text
 

@@ -17,7 +17,7 @@ Everything else is copied as it is.
 
 from __future__ import annotations
 
-from dagsync import packed
+from dagsync import bookkeeping, packed
 from dagsync.errors import DamagedSource
 from dagsync.formats import JsonRef, Key, Table
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
@@ -93,6 +93,17 @@ def differs(run: SourceMerge, table: Table, column: str) -> str:
     """SQL true when target row ``t`` holds another ``column`` than source row ``s``
     (as it will hold it: a target call this merge moves onto a fork, moved)."""
     value = expr(run, table, column)
+    if column == "name" and table.name == run.fmt.conversation_table and table.pointer:
+        # A fork's name says which file its branch came from, and the same
+        # branch may arrive from files of other names: the target's stays.
+        key = table.natural_key[0]
+        forks = []
+        if "forked_from" in run.columns[table.name]:
+            forks.append('t."forked_from" IS NOT NULL')
+        if bookkeeping.has(run.conn, "_dagsync_forks"):
+            forks.append(f'EXISTS (SELECT 1 FROM main._dagsync_forks f WHERE f.fork_key = t."{key}")')
+        if forks:
+            return f'(t."name" IS NOT {value} AND NOT ({" OR ".join(forks)}))'
     if run.branches and table.name == run.fmt.call_table and column == run.fmt.call_conversation:
         key = table.natural_key[0]
         return f'coalesce((SELECT conv FROM temp.tmove WHERE call = t."{key}"), t."{column}") IS NOT {value}'
