@@ -142,6 +142,17 @@ def _candidates(run: SourceMerge, table: Table) -> None:
             "AND NOT EXISTS (SELECT 1 FROM temp.cand c WHERE c.key = p.key AND c.row = t."
             f'"{table.natural_key[0]}")'
         )
+    # A fork whose head is on the row's own chain (llm's own fork of an
+    # earlier turn, with no branch of its own yet) is no branch to move on:
+    # the source's row continuing past that point continues the row itself.
+    mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
+    not_root = f"m.{mkey} != '{root}'" if root else "1"
+    c.execute(
+        "WITH RECURSIVE own(key, cur) AS (SELECT key, head FROM temp.cand WHERE row = key "
+        "AND key IN (SELECT key FROM temp.cand WHERE row != key) "
+        f"UNION SELECT own.key, m.{parent} FROM own JOIN main.messages m ON m.{mkey} = own.cur WHERE {not_root}) "
+        "DELETE FROM temp.cand WHERE row != key AND head IN (SELECT cur FROM own WHERE own.key = cand.key)"
+    )
     c.execute("CREATE INDEX temp.cand_key ON cand (key, head)")
 
 
@@ -152,20 +163,21 @@ def _walk_chains(run: SourceMerge) -> None:
     mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
     not_root = f"m.{mkey} != '{root}'" if root else "1"
     c.execute("CREATE TEMP TABLE s_up (key TEXT NOT NULL, dst TEXT)")
-    c.execute("CREATE TEMP TABLE t_up (key TEXT NOT NULL, cur TEXT)")
+    c.execute("CREATE TEMP TABLE t_up (key TEXT NOT NULL, row TEXT NOT NULL, cur TEXT)")
     for low, high in run.chunks("temp.ptr"):
         # Every message on each candidate's chain, up to the source's head
         # (finding it is all the chain is asked for). A head the target
         # lacks is on none of its chains: no walk.
         c.execute(
-            f"INSERT INTO temp.t_up WITH RECURSIVE up(k, cur, stop) AS (SELECT c.key, c.head, p.s_head "
+            f"INSERT INTO temp.t_up WITH RECURSIVE up(k, row, cur, stop) AS (SELECT c.key, c.row, c.head, p.s_head "
             f"FROM temp.cand c JOIN temp.ptr p ON p.key = c.key WHERE p.verdict IS NULL "
             f"AND p.rowid BETWEEN ? AND ? AND (SELECT kind FROM temp.msg_map WHERE src = p.s_raw) IS NOT {NEW} "
-            f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN main.messages m ON m.{mkey} = up.cur "
-            f"WHERE {not_root} AND up.cur IS NOT up.stop) SELECT k, cur FROM up",
+            f"UNION SELECT up.k, up.row, m.{parent}, up.stop FROM up JOIN main.messages m ON m.{mkey} = up.cur "
+            f"WHERE {not_root} AND up.cur IS NOT up.stop) SELECT k, row, cur FROM up",
             (low, high),
         )
     c.execute("CREATE INDEX temp.t_up_key ON t_up (key, cur)")
+
     c.execute(
         "UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL AND EXISTS "
         "(SELECT 1 FROM temp.t_up u WHERE u.key = ptr.key AND u.cur = ptr.s_head)",

@@ -1,0 +1,97 @@
+"""Hypothesis: forks do not depend on which file is the target, and sync converges.
+
+Two machines that synced once and then each continued shared conversations
+(``fixtures.family``, ``family_llm``): merging B into A and A into B give the
+same conversation (thread) rows, forks included, with every call (turn) on
+the same row; after ``sync A B`` both files hold the same rows, and a second
+sync writes nothing. Each file keeps its own name in every copy, because a
+fork's name says which file its branch came from.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dagsync.formats.dag import DAG
+from dagsync.formats.llm import LLM
+from dagsync.merge import merge
+from dagsync.sync import sync
+from fixtures import family, family_llm
+
+FORMATS = {"dag": (family, DAG), "llm": (family_llm, LLM)}
+
+
+def pointers_and_calls(path: Path, fmt) -> tuple[list, list]:
+    conversations = fmt.conversation_table
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f'SELECT * FROM "{conversations}" ORDER BY 1').fetchall()
+        calls = conn.execute(f'SELECT id, "{fmt.call_conversation}" FROM "{fmt.call_table}" ORDER BY 1').fetchall()
+    return rows, calls
+
+
+def machines(directory: Path, kind: str, seed: int) -> list[Path]:
+    make, _ = FORMATS[kind]
+    return [r.path for r in make(directory / "fam", seed=seed, machines=2, conversations=40, shared_fraction=0.5)]
+
+
+def copy_as(path: Path, directory: Path) -> Path:
+    """A copy under the same file name (fork names come from it)."""
+    directory.mkdir(parents=True)
+    shutil.copyfile(path, directory / path.name)
+    return directory / path.name
+
+
+def writes(report) -> int:
+    return sum(s.written for m in (report.into_a, report.into_b, report.settle) if m for s in m.sources)
+
+
+@pytest.mark.parametrize("kind", ["dag", "llm"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000))
+def test_either_direction_gives_the_same_conversations_and_calls(kind, seed):
+    if kind == "llm":
+        pytest.importorskip("llm")
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        a, b = machines(d, kind, seed)
+        ab, ba = copy_as(a, d / "ab"), copy_as(b, d / "ba")
+        merge(ab, [b])
+        merge(ba, [a])
+        fmt = FORMATS[kind][1]
+        assert pointers_and_calls(ab, fmt) == pointers_and_calls(ba, fmt)
+        assert merge(ab, [b]).sources[0].written == 0
+        assert merge(ba, [a]).sources[0].written == 0
+
+
+@pytest.mark.parametrize("kind", ["dag", "llm"])
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_sync_converges_and_a_second_sync_writes_nothing(kind, seed):
+    if kind == "llm":
+        pytest.importorskip("llm")
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        a, b = machines(d, kind, seed)
+        sync(a, b)
+        fmt = FORMATS[kind][1]
+        assert pointers_and_calls(a, fmt) == pointers_and_calls(b, fmt)
+        assert writes(sync(a, b)) == 0
+
+
+@pytest.mark.parametrize("kind", ["dag", "llm"])
+def test_the_laws_are_tried_on_files_that_fork(kind, tmp_path):
+    """The families above do diverge: a merge each way forks, once as a swap."""
+    if kind == "llm":
+        pytest.importorskip("llm")
+    a, b = machines(tmp_path, kind, 3)  # a seed whose families fork, in both formats
+    ab, ba = copy_as(a, tmp_path / "ab"), copy_as(b, tmp_path / "ba")
+    one, other = merge(ab, [b]).sources[0].forks, merge(ba, [a]).sources[0].forks
+    assert one and {f.side for f in one} | {f.side for f in other} == {"source", "target"}
+    assert sorted((f.fork, f.name, f.head) for f in one) == sorted((f.fork, f.name, f.head) for f in other)
