@@ -423,8 +423,9 @@ def merge_command(
 
     Messages already in TARGET under another id are mapped onto it; integer
     ids are renumbered; a conversation whose head moved on one side is
-    fast-forwarded, and one that diverged keeps TARGET's head and gains a fork
-    named after the source (--label). A key holding different content on the two sides
+    fast-forwarded, and one both sides continued keeps the branch continued
+    last and gains a fork for the other, named after the file that branch came
+    from (--label); each call follows its branch. A key holding different content on the two sides
     stops the merge before anything is written. Sources are checked and
     opened read-only. A running llm may keep writing TARGET meanwhile.
 
