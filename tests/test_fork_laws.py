@@ -24,14 +24,24 @@ from dagsync.formats.llm import LLM
 from dagsync.merge import merge
 from dagsync.sync import sync
 from fixtures import family, family_llm
+from tests.history import message_paths
 
 FORMATS = {"dag": (family, DAG), "llm": (family_llm, LLM)}
 
 
 def pointers_and_calls(path: Path, fmt) -> tuple[list, list]:
-    conversations = fmt.conversation_table
+    """Every conversation row, its head as the content path it names (a dag
+    message merged onto a row of the same content keeps that row's id, which
+    differs by target), and which conversation each call is on."""
+    table = fmt.table(fmt.conversation_table)
+    paths = message_paths(path) if fmt is DAG else {}
     with sqlite3.connect(path) as conn:
-        rows = conn.execute(f'SELECT * FROM "{conversations}" ORDER BY 1').fetchall()
+        columns = [c[1] for c in conn.execute(f'PRAGMA table_info("{table.name}")')]
+        head = columns.index(table.pointer)
+        rows = [
+            tuple(paths.get(v, v) if i == head else v for i, v in enumerate(row))
+            for row in conn.execute(f'SELECT * FROM "{table.name}" ORDER BY 1')
+        ]
         calls = conn.execute(f'SELECT id, "{fmt.call_conversation}" FROM "{fmt.call_table}" ORDER BY 1').fetchall()
     return rows, calls
 

@@ -53,17 +53,23 @@ def choose(run: SourceMerge, table: Table, fork: int) -> None:
     )
 
 
-def plan(run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]], fast_forward: int) -> None:
+def plan(
+    run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]], fast_forward: int, changing: str
+) -> None:
     """Where every call of each conversation the merge moves or forks belongs.
 
     ``forks``: (conversation, fork key, head, whether the head is the
     source's) for each fork row the merge will add; ``fast_forward``:
-    pointers' verdict for a row that moves on to the source's head.
+    pointers' verdict for a row that moves on to the source's head;
+    ``changing``: SQL true for the temp.ptr rows whose branches change (a
+    fork added, or a fork moved on). The others keep every branch where it
+    is: their calls are compared through ``maps.differs``, which takes a
+    target call on a fork of the source call's conversation for the same.
     """
     fmt = run.fmt
     if fmt.call_conversation is None or table.name != fmt.conversation_table:
         return
-    if not run.one("SELECT 1 FROM temp.ptr LIMIT 1"):
+    if not run.one(f"SELECT 1 FROM temp.ptr WHERE {changing} LIMIT 1"):
         return
     c = run.conn
     FAST_FORWARD = fast_forward  # noqa: N806 - pointers' constant, passed in (pointers imports this module)
@@ -72,12 +78,12 @@ def plan(run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]]
     moved = f"verdict = {SWAP} OR (verdict = {FAST_FORWARD} AND row = key)"
     c.execute(
         f"INSERT INTO temp.heads SELECT key, key, CASE WHEN {moved} THEN s_raw ELSE t_head END, "
-        f"CASE WHEN {moved} THEN 1 ELSE 0 END FROM temp.ptr"
+        f"CASE WHEN {moved} THEN 1 ELSE 0 END FROM temp.ptr WHERE {changing}"
     )
     c.execute(
         "INSERT INTO temp.heads SELECT c.key, c.row, CASE WHEN p.verdict = ? AND p.row = c.row THEN p.s_raw "
         "ELSE c.head END, p.verdict = ? AND p.row = c.row FROM temp.cand c JOIN temp.ptr p ON p.key = c.key "
-        "WHERE c.row != c.key",
+        f"WHERE c.row != c.key AND c.key IN (SELECT key FROM temp.ptr WHERE {changing})",
         (FAST_FORWARD, FAST_FORWARD),
     )
     c.executemany("INSERT INTO temp.heads VALUES (?, ?, ?, ?)", [(k, f, h, int(s)) for k, f, h, s in forks])

@@ -115,6 +115,7 @@ def plan(run: SourceMerge, table: Table) -> None:
         run, table,
         [(k, f, raw_heads[k] if v == FORK else h, v == FORK) for k, f, h, v in planned],
         FAST_FORWARD,
+        f"verdict IN ({FORK}, {SWAP}) OR (verdict = {FAST_FORWARD} AND row != key)",
     )  # fmt: skip
 
 
@@ -136,9 +137,11 @@ def _candidates(run: SourceMerge, table: Table) -> None:
         )
     if "forked_from" in run.columns[table.name]:
         # llm says which thread a thread forked from: a fork another file's merge added counts too.
+        # One pass over the table (forked_from has no index), each fork looked up in temp.ptr by key.
         c.execute(
-            f'INSERT INTO temp.cand SELECT p.key, t."{table.natural_key[0]}", t."{table.pointer}" FROM temp.ptr p '
-            f'JOIN main."{table.name}" t ON t."forked_from" = p.key WHERE p.verdict IS NULL '
+            f'INSERT INTO temp.cand SELECT p.key, t."{table.natural_key[0]}", t."{table.pointer}" '
+            f'FROM main."{table.name}" t CROSS JOIN temp.ptr p ON p.key = t."forked_from" '
+            "WHERE t.\"forked_from\" IS NOT NULL AND p.verdict IS NULL "
             "AND NOT EXISTS (SELECT 1 FROM temp.cand c WHERE c.key = p.key AND c.row = t."
             f'"{table.natural_key[0]}")'
         )
