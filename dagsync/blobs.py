@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import zstandard
 
 from dagsync import bookkeeping, faults
-from dagsync.db import Database, copy_database, open_target
+from dagsync.backup import copy_database
+from dagsync.db import Database, open_target
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format, PackedColumn
 from dagsync.packed import (

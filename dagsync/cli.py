@@ -1,6 +1,6 @@
 """The dagsync command line: parse, call one library function, render its report.
 
-The only module that imports typer. Every command
+The only module that imports typer (and click, lazily, for the llm plugin). Every command
 takes ``--json`` and prints its report as JSON; errors the user can act on
 (``DagsyncError``) print one line ``Error: ...`` to stderr and exit 1; usage
 errors exit 2. Set ``DAGSYNC_RAISE_ERRORS=1`` to see the traceback of an
@@ -22,17 +22,18 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from dagsync import __version__
-from dagsync.blobs import DEFAULT_LEVEL, PackReport, pack
-from dagsync.canonicalise import CanonicaliseReport, canonicalise
+from dagsync import __version__, home, render
+from dagsync.blobs import DEFAULT_LEVEL, pack
+from dagsync.canonicalise import canonicalise
 from dagsync.errors import DagsyncError, MergeConflict
 from dagsync.faults import one_line
-from dagsync.gc import DEFAULT_GRACE, GcReport, gc, parse_grace
-from dagsync.merge import MergeReport, merge
-from dagsync.stats import Stats, stats
-from dagsync.sync import SyncReport, sync
-from dagsync.unpack import UnpackReport, unpack
-from dagsync.verify import VerifyReport, verify
+from dagsync.gc import DEFAULT_GRACE, gc, parse_grace
+from dagsync.helpformat import HelpLayout
+from dagsync.merge import merge
+from dagsync.stats import stats
+from dagsync.sync import sync
+from dagsync.unpack import unpack
+from dagsync.verify import verify
 
 SUMMARY = "Merge, deduplicate, pack and garbage-collect the SQLite logs of the llm CLI."
 
@@ -41,45 +42,10 @@ SUMMARY = "Merge, deduplicate, pack and garbage-collect the SQLite logs of the l
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
-def _option_record(option: Any) -> tuple[str, str]:
-    """``-q, --quiet`` or ``--grace DURATION``, and its help: click's own layout,
-    without the ``<bool>`` and ``<list[Path]>`` type tags typer adds."""
-    names = ", ".join(sorted(option.opts, key=len))
-    if not option.is_flag:
-        names += f" {option.metavar or option.name.upper()}"
-    return names, option.help or ""
+class _Command(HelpLayout, typer.core.TyperCommand): ...
 
 
-class _Help:
-    """Help that reads like llm's and sqlite-utils': the usage line shows each
-    argument's own metavar (``TARGET SOURCE...``, ``[DB]``), options show no
-    type tags."""
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        pieces = [self.options_metavar] if self.options_metavar else []
-        pieces += [p.metavar or p.name.upper() for p in self.params if p.param_type_name == "argument"]
-        if isinstance(self, typer.core.TyperGroup):
-            pieces.append(self.subcommand_metavar)
-        return pieces
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        params = [p for p in self.get_params(ctx) if not p.hidden]
-        arguments = [(p.metavar, p.help or "") for p in params if p.param_type_name == "argument"]
-        options = [_option_record(p) for p in params if p.param_type_name == "option"]
-        for title, rows in (("Arguments", arguments), ("Options", options)):
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-        if isinstance(self, typer.core.TyperGroup):
-            self.format_commands(ctx, formatter)
-
-
-class _Command(_Help, typer.core.TyperCommand):
-    pass
-
-
-class _Group(_Help, typer.core.TyperGroup):
-    pass
+class _Group(HelpLayout, typer.core.TyperGroup): ...
 
 
 app = typer.Typer(
@@ -99,6 +65,24 @@ def run(args: list[str] | None = None, prog_name: str = "dagsync") -> None:
     app(args=args, prog_name=prog_name)
 
 
+def llm_command() -> Any:
+    """``llm dagsync``: a command of llm's own click (imported only here, when
+    llm asks) that hands every argument, unparsed, to ``run``. typer carries
+    its own click (since 0.26), whose exits and usage errors llm's does not
+    know; standalone, ``run`` prints and exits as ``dagsync`` does."""
+    import click
+
+    @click.command(
+        name="dagsync", help=SUMMARY, add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    )  # fmt: skip
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def dagsync_command(args: tuple[str, ...]) -> None:
+        run(list(args), prog_name="llm dagsync")
+
+    return dagsync_command
+
+
 DbArgument = Annotated[
     Optional[Path],
     typer.Argument(
@@ -112,9 +96,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the report as JS
 QuietOption = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron); errors still print.")
 ]
-DryRunOption = Annotated[
-    bool, typer.Option("--dry-run", help="Report what would be done; write nothing.")
-]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Report what would be done; write nothing.")]
 VacuumOption = Annotated[
     bool,
     typer.Option(
@@ -131,58 +113,14 @@ def llm_directory() -> Path:
     return Path(user_path) if user_path else Path(typer.get_app_dir("io.datasette.llm"))
 
 
-def _database_in(directory: Path) -> Path | None:
-    for name in ("dag.db", "logs.db"):
-        if (directory / name).exists():
-            return directory / name
-    return None
-
-
 def default_database() -> Path:
-    """llm's own database: dag.db, else logs.db, in llm's user directory.
-
-    :raises DagsyncError: neither exists there.
-    """
-    directory = llm_directory()
-    found = _database_in(directory)
-    if found is None:
-        raise DagsyncError(
-            f"no database given, and llm's directory {directory} has neither dag.db "
-            "nor logs.db; pass the database file as an argument"
-        )
-    return found
+    """llm's own database (``home.own_database``)."""
+    return home.own_database(llm_directory())
 
 
 def database(path: Path | None) -> Path:
-    """The file a database argument names: llm's own when left out, and the
-    database inside when it names a directory (an llm home, as LLM_USER_PATH
-    would).
-
-    :raises DagsyncError: a directory that holds neither dag.db nor logs.db.
-    """
-    if path is None:
-        return default_database()
-    if path.is_dir():
-        found = _database_in(path)
-        if found is None:
-            raise DagsyncError(
-                f"{path} is a directory with neither dag.db nor logs.db in it; "
-                "pass the database file, or llm's home directory"
-            )
-        return found
-    return path
-
-
-def _is_llms_own(path: Path) -> bool:
-    """Whether ``path`` is the database llm itself writes to."""
-    for name in ("dag.db", "logs.db"):
-        own = llm_directory() / name
-        try:
-            if own.exists() and os.path.samefile(own, path):
-                return True
-        except OSError:
-            pass
-    return False
+    """The file a database argument names (``home.resolve``)."""
+    return home.resolve(path, llm_directory)
 
 
 def _grace(text: str) -> str:
@@ -226,78 +164,6 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _print_json(report: Any) -> None:
     typer.echo(json.dumps(dataclasses.asdict(report), indent=2))
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _render_stats(s: Stats) -> str:
-    """In the format's own words (threads and turns for llm's), with the tables
-    that hold rows; --json lists every table."""
-    held = {name: rows for name, rows in s.tables.items() if rows}
-    empty = len(s.tables) - len(held)
-    width = max((len(name) for name in held), default=0)
-    lines = [
-        f"{s.path}  ({s.format} format, {_human_bytes(s.file_bytes)})",
-        f"  {s.conversation_table:<14} {s.conversations:>12,}",
-        f"  {s.call_table:<14} {s.calls:>12,}",
-        f"  {'messages':<14} {s.messages:>12,}",
-        f"  {'chain ends':<14} {s.chains:>12,}   (messages nothing continues)",
-        f"  {'branch points':<14} {s.forks:>12,}   (messages continued in two or more ways)",
-        "  rows per table" + (f" ({empty} empty not shown; --json lists every table):" if empty else ":"),
-        *(f"    {name:<{width}}  {rows:>12,}" for name, rows in held.items()),
-    ]
-    if s.fork_rows:
-        lines.append(f"  forks ({s.conversation_table} that fork another):")
-        lines += [f"    {f.id}  {f.name!r}, from {f.forked_from}" for f in s.fork_rows]
-    return "\n".join(lines)
-
-
-def _render_merge(report: MergeReport) -> str:
-    n = len(report.sources)
-    what = f"{n} source" if n == 1 else f"{n} sources"
-    if report.created:
-        verb = "would be created from" if report.dry_run else "created from"
-        lines = [f"{report.target}: {verb} {what} in {report.seconds:.1f}s"]
-    else:
-        verb = "would merge" if report.dry_run else "merged"
-        lines = [f"{report.target}: {verb} {what} in {report.seconds:.1f}s"]
-    for source in report.sources:
-        lines.append(f"  from {source.source}:")
-        if not source.written:
-            lines.append("    nothing new: the target already holds all of it")
-            continue
-        shown = [t for t in source.tables if t.added or t.mapped or t.updated or t.forked]
-        for t in shown:
-            bits = [f"{t.added:,} added"]
-            if t.mapped:
-                bits.append(f"{t.mapped:,} mapped onto existing rows")
-            if t.updated:
-                bits.append(f"{t.updated:,} fast-forwarded")
-            if t.forked:
-                bits.append(f"{t.forked:,} forked (diverged)")
-            lines.append(f"    {t.table:<26} {', '.join(bits)}")
-        for f in source.forks:
-            lines.append(f"    fork {f.fork} of {f.original}: {f.name!r}, holding the {f.side}'s branch (tip {f.head[:12]})")
-    return "\n".join(lines)
-
-
-def _render_canonicalise(r: CanonicaliseReport) -> str:
-    verb = "would collapse" if r.dry_run else "collapsed"
-    lines = [
-        f"{r.path}: {verb} {r.collapsed:,} duplicate message(s) in {r.groups:,} group(s), "
-        f"{r.levels} level(s) deep",
-        f"  parts removed {r.parts_removed:,}; calls rewritten {r.calls_rewritten:,}; "
-        f"conversations rewritten {r.conversations_rewritten:,}",
-    ]
-    if r.index_created:
-        lines.append(f"  unique index on (parent_id, content_hash) {'would be ' if r.dry_run else ''}created")
-    return "\n".join(lines)
 
 
 class _Notices(logging.Handler):
@@ -390,7 +256,7 @@ def stats_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     Read-only: safe on a read-only file and beside a running llm.
     """
     report = stats(database(db))
-    _print_json(report) if as_json else typer.echo(_render_stats(report))
+    _print_json(report) if as_json else typer.echo(render.stats(report))
 
 
 @command("merge", short_help="Merge SOURCE databases into TARGET; safe to re-run.")
@@ -436,7 +302,7 @@ def merge_command(
     sources = [database(p) for p in (paths[1:] if len(paths) > 1 else paths)]
     with _Progress() as progress:
         report = merge(target, sources, dry_run=dry_run, progress=progress, label=label)
-    _emit(report, as_json, quiet, _render_merge)
+    _emit(report, as_json, quiet, render.merge)
 
 
 @command("sync", short_help="Make two databases hold the same history.")
@@ -455,19 +321,7 @@ def sync_command(
     """
     with _Progress() as progress:
         report = sync(database(a), database(b), dry_run=dry_run, progress=progress)
-    _emit(report, as_json, quiet, _render_sync)
-
-
-def _render_sync(r: SyncReport) -> str:
-    text = "\n".join(_render_merge(m) for m in (r.into_a, r.into_b, r.settle) if m)
-    if r.into_a.dry_run:
-        text += "\n  (a dry run: the forks the first merge would add to A are not in the second)"
-    return text
-
-
-def _canonicalise(db: Optional[Path], dry_run: bool, as_json: bool, quiet: bool) -> None:
-    report = canonicalise(database(db), dry_run=dry_run)
-    _emit(report, as_json, quiet, _render_canonicalise)
+    _emit(report, as_json, quiet, render.sync)
 
 
 @command("canonicalise", short_help="Collapse duplicate dag-format messages into one.")
@@ -481,27 +335,10 @@ def canonicalise_command(
     moves to the surviving row and the old ids are recorded, then the unique
     index is created. Alias: canonicalize.
     """
-    _canonicalise(db, dry_run, as_json, quiet)
+    _emit(canonicalise(database(db), dry_run=dry_run), as_json, quiet, render.canonicalise)
 
 
-@command("canonicalize", hidden=True)
-@_reported
-def canonicalize_command(
-    db: DbArgument = None, dry_run: DryRunOption = False, as_json: JsonOption = False, quiet: QuietOption = False
-) -> None:
-    """Alias of canonicalise."""
-    _canonicalise(db, dry_run, as_json, quiet)
-
-
-def _render_verify(r: VerifyReport) -> str:
-    if r.ok:
-        return f"{r.path}: ok ({r.format} format, {r.messages:,} messages; every check passed)"
-    lines = [f"{r.path}: {sum(r.counts.values()):,} problem(s) ({r.format} format, {r.messages:,} messages)"]
-    lines += [f"  {p}" for p in r.problems]
-    more = sum(r.counts.values()) - len(r.problems)
-    if more:
-        lines.append(f"  ... and {more:,} more")
-    return "\n".join(lines)
+command("canonicalize", hidden=True)(canonicalise_command)  # the alias
 
 
 @command("verify", short_help="Check a database: integrity, hashes, references.")
@@ -516,43 +353,9 @@ def verify_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(report)
     else:
-        typer.echo(_render_verify(report))
+        typer.echo(render.verify(report))
     if not report.ok:
         raise typer.Exit(1)
-
-
-def _render_gc(r: GcReport) -> str:
-    verb = "would delete" if r.dry_run else "deleted"
-    grace = _duration(r.grace_seconds)
-    lines = [
-        f"{r.path}: {verb} {r.deleted:,} row(s), {_human_bytes(r.deleted_bytes)} "
-        f"({r.format} format, grace {grace}, {r.seconds:.1f}s)",
-        f"  messages: {r.reachable:,} reachable from {r.roots:,} root(s), {r.unreachable:,} unreachable, "
-        f"{r.kept_by_grace:,} of those kept by the grace period",
-    ]
-    for t in r.tables:
-        if t.deleted or t.waiting:
-            bits = [f"{t.deleted:,} {verb} ({_human_bytes(t.bytes)})"] if t.deleted else []
-            if t.waiting:
-                bits.append(f"{t.waiting:,} waiting out the grace period")
-            lines.append(f"    {t.table:<18} {', '.join(bits)}")
-    if r.merge_in_progress:
-        lines.append("  a merge into this file was under way: unreachable messages were left for the next run")
-    if r.kept_as_new:
-        lines.append(f"  kept {r.kept_as_new:,} message(s) that became reachable while gc ran")
-    if r.vacuum:
-        v = r.vacuum
-        lines.append(f"  vacuum ({v.mode}): {_human_bytes(v.bytes_before)} -> {_human_bytes(v.bytes_after)}")
-        if v.grew:
-            lines.append(f"  {v.grew}")
-    return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 @command("gc", short_help="Delete what no thread or conversation reaches any more.")
@@ -590,37 +393,7 @@ def gc_command(
     seconds = parse_grace(grace)
     with _Progress() as progress:
         report = gc(database(db), grace=seconds, dry_run=dry_run, vacuum=vacuum, progress=progress)
-    _emit(report, as_json, quiet, _render_gc)
-
-
-def _render_pack(r: PackReport) -> str:
-    verb = "would pack" if r.dry_run else "packed"
-    lines = [
-        f"{r.path}: {verb} {sum(c.packed for c in r.columns):,} payload(s), {_human_bytes(r.payload_bytes)} "
-        f"({r.format} format, zstd level {r.level}, threshold {r.threshold} B"
-        + (f", dictionary {r.dictionary[:12]}" if r.dictionary else "")
-        + f", {r.seconds:.1f}s)",
-        f"  distinct payloads {r.distinct_payloads:,} ({_human_bytes(r.distinct_bytes)}): dedup {r.dedup_ratio:.2f}x",
-        f"  new blobs {r.new_blobs:,}, stored in {_human_bytes(r.stored_bytes)}: compression {r.compression_ratio:.2f}x",
-    ]
-    for c in r.columns:
-        lines.append(f"    {c.table + '.' + c.column:<28} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
-    lines.append(f"  file {_human_bytes(r.file_bytes_before)} -> {_human_bytes(r.file_bytes_after)}")
-    if r.vacuum:
-        lines[-1] += f" (vacuum: {r.vacuum.mode})"
-    if r.grew:
-        lines.append(f"  {r.grew}")
-    return "\n".join(lines)
-
-
-def _render_unpack(r: UnpackReport) -> str:
-    verb = "would restore" if r.dry_run else "restored"
-    tail = f" (vacuum: {r.vacuum.mode})" if r.vacuum else ""
-    return (
-        f"{r.path}: {verb} {r.values:,} payload(s), {_human_bytes(r.payload_bytes)}, from {r.blobs_removed:,} blob(s) "
-        f"({r.format} format, {r.seconds:.1f}s)\n  file {_human_bytes(r.file_bytes_before)} -> "
-        f"{_human_bytes(r.file_bytes_after)}{tail}"
-    )
+    _emit(report, as_json, quiet, render.gc)
 
 
 @command("pack", short_help="Compress payloads into a blob table (llm cannot read it).")
@@ -668,7 +441,7 @@ def pack_command(
         dagsync pack --output archive.db --dict --vacuum
     """
     path = database(db)
-    if output is None and not force and not dry_run and _is_llms_own(path):
+    if output is None and not force and not dry_run and home.is_own(path, llm_directory()):
         raise DagsyncError(
             f"{path} is llm's own database, and llm cannot read a packed file until `dagsync unpack`; "
             f"pack a copy with `--output FILE`, or pass --force to pack it in place"
@@ -678,7 +451,7 @@ def pack_command(
             path, dictionary=dictionary, level=level, threshold=threshold,
             dry_run=dry_run, vacuum=vacuum, progress=progress, output=output,
         )  # fmt: skip
-    _emit(report, as_json, quiet, _render_pack)
+    _emit(report, as_json, quiet, render.pack)
 
 
 @command("unpack", short_help="Put packed payloads back in their rows, for llm.")
@@ -696,7 +469,7 @@ def unpack_command(
     """
     with _Progress() as progress:
         report = unpack(database(db), dry_run=dry_run, vacuum=vacuum, progress=progress)
-    _emit(report, as_json, quiet, _render_unpack)
+    _emit(report, as_json, quiet, render.unpack)
 
 
 def main() -> None:

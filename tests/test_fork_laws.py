@@ -10,9 +10,11 @@ fork's name says which file its branch came from.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,15 @@ def machines(directory: Path, kind: str, seed: int) -> list[Path]:
     return [r.path for r in make(directory / "fam", seed=seed, machines=2, conversations=40, shared_fraction=0.5)]
 
 
+@contextlib.contextmanager
+def two_machines(kind: str, seed: int) -> Iterator[tuple[Path, Path, Path]]:
+    """A scratch directory (hypothesis runs many examples in one test) and the family's two files."""
+    if kind == "llm":
+        pytest.importorskip("llm")
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d), *machines(Path(d), kind, seed)
+
+
 def copy_as(path: Path, directory: Path) -> Path:
     """A copy under the same file name (fork names come from it)."""
     directory.mkdir(parents=True)
@@ -66,11 +77,7 @@ def writes(report) -> int:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000))
 def test_either_direction_gives_the_same_conversations_and_calls(kind, seed):
-    if kind == "llm":
-        pytest.importorskip("llm")
-    with tempfile.TemporaryDirectory() as d:
-        d = Path(d)
-        a, b = machines(d, kind, seed)
+    with two_machines(kind, seed) as (d, a, b):
         ab, ba = copy_as(a, d / "ab"), copy_as(b, d / "ba")
         merge(ab, [b])
         merge(ba, [a])
@@ -84,11 +91,7 @@ def test_either_direction_gives_the_same_conversations_and_calls(kind, seed):
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_sync_converges_and_a_second_sync_writes_nothing(kind, seed):
-    if kind == "llm":
-        pytest.importorskip("llm")
-    with tempfile.TemporaryDirectory() as d:
-        d = Path(d)
-        a, b = machines(d, kind, seed)
+    with two_machines(kind, seed) as (_, a, b):
         sync(a, b)
         fmt = FORMATS[kind][1]
         assert pointers_and_calls(a, fmt) == pointers_and_calls(b, fmt)
