@@ -35,6 +35,16 @@ CREATE TABLE IF NOT EXISTS _dagsync_forks (
     fork_key TEXT NOT NULL,
     PRIMARY KEY (pointer_table, key, head)
 );
+-- Where a row's head came from (merge.origins): the label of the file a
+-- merge took it from, for the name of a fork that branch may later move to.
+-- It holds only while the row still points at that head.
+CREATE TABLE IF NOT EXISTS _dagsync_origins (
+    pointer_table TEXT NOT NULL,
+    key TEXT NOT NULL,
+    head TEXT NOT NULL,
+    label TEXT NOT NULL,
+    PRIMARY KEY (pointer_table, key)
+) WITHOUT ROWID;
 -- When gc first found a row unreachable (a message with no time of its own)
 -- or unreferenced (a shared row such as a fragment): gc deletes it only once
 -- the grace period has passed since. A row reachable again is dropped from here.

@@ -166,6 +166,9 @@ def _collapse(c: apsw.Connection, low: int, high: int) -> None:
         f"WHERE target_id IN ({chunk})",
         p,
     )
+    c.execute(  # a head's recorded origin (merge.origins) stays with it
+        f"UPDATE main._dagsync_origins SET head = {survivor.format(col='head')} WHERE head IN ({chunk})", p
+    )
     c.execute(
         "INSERT OR REPLACE INTO main._dagsync_message_map (source_id, target_id) "
         "SELECT src, dst FROM temp.losers WHERE seq BETWEEN :low AND :high",

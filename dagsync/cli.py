@@ -276,8 +276,9 @@ def merge_command(
         Optional[str],
         typer.Option(
             "--label", metavar="NAME",
-            help="What the names of forks call the sources' branches. Default: each source's file name, "
-            "or the llm home directory it is in (this machine's name for llm's own).",
+            help="What the names of forks call the sources' own branches. Default: each source's file name, "
+            "or the llm home directory it is in (this machine's name for llm's own). A branch a file got "
+            "from another by a merge keeps that file's name.",
             show_default=False,
         ),
     ] = None,
@@ -310,6 +311,19 @@ def merge_command(
 def sync_command(
     a: Annotated[Path, typer.Argument(help="A database; receives everything B has.", show_default=False, metavar="A")],
     b: Annotated[Path, typer.Argument(help="A database; receives everything A has.", show_default=False, metavar="B")],
+    label_a: Annotated[
+        Optional[str],
+        typer.Option(
+            "--label-a", metavar="NAME",
+            help="What the names of forks call A's branches. Default: A's file name, "
+            "or the llm home directory it is in (this machine's name for llm's own).",
+            show_default=False,
+        ),
+    ] = None,
+    label_b: Annotated[
+        Optional[str],
+        typer.Option("--label-b", metavar="NAME", help="What the names of forks call B's branches. Default: as for A.", show_default=False),
+    ] = None,
     dry_run: DryRunOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
@@ -320,7 +334,7 @@ def sync_command(
     what A holds that B lacks, before the first part has added B's forks to A.
     """
     with _Progress() as progress:
-        report = sync(database(a), database(b), dry_run=dry_run, progress=progress)
+        report = sync(database(a), database(b), dry_run=dry_run, progress=progress, labels=(label_a, label_b))
     _emit(report, as_json, quiet, render.sync)
 
 

@@ -154,8 +154,11 @@ def pack(r: PackReport) -> str:
         f"  distinct payloads {r.distinct_payloads:,} ({human_bytes(r.distinct_bytes)}): dedup {r.dedup_ratio:.2f}x",
         f"  new blobs {r.new_blobs:,}, stored in {human_bytes(r.stored_bytes)}: compression {r.compression_ratio:.2f}x",
     ]
-    for c in r.columns:
+    shown = [c for c in r.columns if c.packed or c.inline]
+    for c in shown:
         lines.append(f"    {c.table + '.' + c.column:<28} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
+    if len(shown) < len(r.columns):
+        lines.append(f"    ({len(r.columns) - len(shown)} column(s) with no payloads not shown; --json lists every one)")
     lines.append(f"  file {human_bytes(r.file_bytes_before)} -> {human_bytes(r.file_bytes_after)}")
     if r.vacuum:
         lines[-1] += f" (vacuum: {r.vacuum.mode})"

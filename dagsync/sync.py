@@ -24,6 +24,7 @@ def sync(
     *,
     dry_run: bool = False,
     progress: Progress | None = None,
+    labels: tuple[str | None, str | None] = (None, None),
 ) -> SyncReport:
     """Merge ``b`` into ``a``, then ``a`` into ``b``, then settle; nothing is
     written to either unless both are proven (see below).
@@ -39,19 +40,25 @@ def sync(
     proves ``a``'s, so a damaged or conflicting file is refused with both
     files as they were.
 
+    ``labels`` name each file's own branches in fork names (merge's
+    ``label``); ``None`` is the file's ``source_label``.
+
     A dry run plans the first two merges on the files as they are: the
     second shows what ``a`` holds that ``b`` lacks, without the fork rows the
     first would have added to ``a``, and there is no third.
     """
+    label_a, label_b = labels
+    into_a_labels = {"label": label_b, "target_label": label_a}
+    into_b_labels = {"label": label_a, "target_label": label_b}
     if not dry_run:
         # Both files are targets, and each is the other's source: A's rows are
         # proven (and any conflict found) by planning B's merge first, so a
         # damaged A is refused before B's rows are written into it.
-        merge(b, [a], dry_run=True, progress=progress)
-    into_a = merge(a, [b], dry_run=dry_run, progress=progress)
-    into_b = merge(b, [a], dry_run=dry_run, progress=progress)
+        merge(b, [a], dry_run=True, progress=progress, **into_b_labels)
+    into_a = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
+    into_b = merge(b, [a], dry_run=dry_run, progress=progress, **into_b_labels)
     settle = None
     # A dry run writes nothing to A, so a third leg would only repeat the first.
     if not dry_run and any(t.forked for s in into_b.sources for t in s.tables):
-        settle = merge(a, [b], dry_run=dry_run, progress=progress)
+        settle = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
     return SyncReport(into_a, into_b, settle)

@@ -93,6 +93,16 @@ class TestPackLeavesLlmsOwnDatabaseAlone:
         shutil.copyfile(archive, other / "logs.db")
         assert llm(other, "logs", "list", "--json", "-n", "0").stdout == listed
 
+    def test_the_text_report_lists_only_columns_that_hold_payloads(self, home, tmp_path):
+        archive = tmp_path / "archive.db"
+        report = json.loads(run("pack", "-o", str(archive), "--dry-run", "--json", home=home).stdout)
+        empty = [c for c in report["columns"] if not (c["packed"] or c["inline"])]
+        assert empty and len(empty) < len(report["columns"])
+        text = run("pack", "-o", str(archive), "--dry-run", home=home).stdout.splitlines()
+        listed = [line.split()[0] for line in text if line.startswith("    ") and not line.startswith("    (")]
+        assert listed == [f"{c['table']}.{c['column']}" for c in report["columns"] if c not in empty]
+        assert f"    ({len(empty)} column(s) with no payloads not shown; --json lists every one)" in text
+
     def test_output_never_overwrites(self, home, tmp_path):
         archive = tmp_path / "archive.db"
         archive.write_bytes(b"keep me")

@@ -11,6 +11,7 @@ fork's name says which file its branch came from.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import sqlite3
 import tempfile
@@ -108,3 +109,46 @@ def test_the_laws_are_tried_on_files_that_fork(kind, tmp_path):
     one, other = merge(ab, [b]).sources[0].forks, merge(ba, [a]).sources[0].forks
     assert one and {f.side for f in one} | {f.side for f in other} == {"source", "target"}
     assert sorted((f.fork, f.name, f.head) for f in one) == sorted((f.fork, f.name, f.head) for f in other)
+
+
+@pytest.mark.parametrize("kind", ["dag", "llm"])
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_file_made_by_merging_names_its_branches_after_where_they_came_from(kind, seed):
+    """A hub created from A, then given B, holds what A given B holds, fork names
+    included: the branches it got from A are A's (``merge.origins``)."""
+    with two_machines(kind, seed) as (d, a, b):
+        direct = copy_as(a, d / "direct")
+        hub = d / "hub" / "hub.db"  # a label of its own
+        hub.parent.mkdir()
+        merge(hub, [a])
+        merge(hub, [b])
+        merge(direct, [b])
+        fmt = FORMATS[kind][1]
+        assert pointers_and_calls(hub, fmt) == pointers_and_calls(direct, fmt)
+        # And a third file given the hub names them as if given A and B.
+        third, via = copy_as(b, d / "third"), copy_as(b, d / "via")
+        merge(third, [a])
+        merge(via, [hub])
+        assert pointers_and_calls(via, fmt) == pointers_and_calls(third, fmt)
+
+
+@pytest.mark.parametrize("kind", ["dag", "llm"])
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_three_files_merged_one_by_one_in_any_order_give_the_same_hub(kind, seed):
+    """Three machines that each continued shared conversations, merged into a
+    new hub one file at a time: every order gives the same rows."""
+    make, fmt = FORMATS[kind]
+    if kind == "llm":
+        pytest.importorskip("llm")
+    with tempfile.TemporaryDirectory() as d:
+        files = [r.path for r in make(Path(d) / "fam", seed=seed, machines=3, conversations=30, shared_fraction=0.5)]
+        hubs = []
+        for order in itertools.permutations(files):
+            hub = Path(d) / f"hub{len(hubs)}" / "hub.db"
+            hub.parent.mkdir()
+            for path in order:
+                merge(hub, [path])
+            hubs.append(pointers_and_calls(hub, fmt))
+        assert all(h == hubs[0] for h in hubs[1:])

@@ -141,3 +141,52 @@ def test_sync_converges_and_stays_converged(tmp_path, machines):
         assert LogStore(sqlite_utils.Database(home / "logs.db")).verify() == []
         assert logged(home, fork)[-1] == "the laptop, after the sync"
         assert logged(home, thread)[-1] == "the server, after the sync"
+
+
+def fork_names(db: Path) -> list[str]:
+    return [n for (n,) in rows(db, "SELECT name FROM threads WHERE forked_from IS NOT NULL ORDER BY id")]
+
+
+def test_a_branch_a_merge_brought_keeps_the_name_of_the_machine_it_came_from(tmp_path, machines):
+    laptop, server, thread = machines
+    # A hub made from the laptop: the laptop's branch is the hub's head, and it is the laptop's.
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    dagsync("merge", str(hub / "logs.db"), str(laptop))
+    dagsync("merge", str(hub), str(server))  # the server's branch is the later: the laptop's moves to a fork
+    assert fork_names(hub / "logs.db") == ["the shared opening (branch from laptop)"]
+    # Carried on: a desktop (a copy of the server) merging the hub names the laptop, not the hub.
+    desktop = tmp_path / "desktop"
+    shutil.copytree(server, desktop)
+    other_hub = tmp_path / "other-hub"
+    other_hub.mkdir()
+    dagsync("merge", str(other_hub / "logs.db"), str(laptop))
+    dagsync("merge", str(desktop), str(other_hub))
+    assert fork_names(desktop / "logs.db") == ["the shared opening (branch from laptop)"]
+
+
+def test_a_branch_continued_where_a_merge_brought_it_is_that_machines_own(tmp_path, machines):
+    laptop, server, thread = machines
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    dagsync("merge", str(hub / "logs.db"), str(laptop))
+    llm(hub, "-m", "echo", "--cid", thread, "the hub carries on the laptop's branch")
+    later = tmp_path / "server"
+    shutil.copytree(server, later)
+    llm(later, "-m", "echo", "--cid", thread, "the server, later still")
+    dagsync("merge", str(hub), str(later))
+    assert fork_names(hub / "logs.db") == ["the shared opening (branch from hub)"]
+    assert logged(hub, thread)[-1] == "the server, later still"
+
+
+def test_sync_labels_name_each_files_branches(tmp_path, machines):
+    laptop, server, thread = machines
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(laptop, a)
+    shutil.copytree(server, b)
+    report = dagsync("sync", str(a), str(b), "--label-a", "work laptop", "--label-b", "home server")
+    # B into A forks the laptop's branch; A into B then copies that fork row as it is.
+    assert [f["name"] for leg in ("into_a", "into_b") for s in report[leg]["sources"] for f in s["forks"]] == [
+        "the shared opening (branch from work laptop)",
+    ]
+    assert fork_names(a / "logs.db") == fork_names(b / "logs.db") == ["the shared opening (branch from work laptop)"]

@@ -70,11 +70,13 @@ def merge(
     dry_run: bool = False,
     progress: Progress | None = None,
     label: str | None = None,
+    target_label: str | None = None,
 ) -> MergeReport:
     """Merge each source into ``target``, in order; create ``target`` if it does not exist.
 
     A fork row for a pointer that diverged is named after where its branch
-    came from: ``label``, else ``core.source_label`` of its source.
+    came from (``origins``): the file that holds it, called ``label`` (a
+    source) or ``target_label`` (the target), else its ``core.source_label``.
 
     A missing target is created (0600) with the first source's format. Sources
     are only read. With ``dry_run`` nothing is written anywhere and the report
@@ -123,7 +125,7 @@ def merge(
             # Marked from before the plan (which maps rows onto the target's) to
             # the end of the copy, so a gc beside it waits (bookkeeping.merging).
             with bookkeeping.merging(target_db.path) if not dry_run else contextlib.nullcontext():
-                reports.append(_merge_source(target_db, path, checks, writer, label))
+                reports.append(_merge_source(target_db, path, checks, writer, (label, target_label)))
     except BaseException:
         target_db.close()
         if created and not dry_run and not any(r.written for r in reports):
@@ -144,11 +146,11 @@ def _remove_database(path: Path) -> None:
 
 
 def _merge_source(
-    target: Database, source: Path, checks: SourceChecks, writer: Writer, label: str | None = None
+    target: Database, source: Path, checks: SourceChecks, writer: Writer, labels: tuple[str | None, str | None]
 ) -> SourceReport:
     """One source into the target: plan, check, apply; planned again if the apply was cut short."""
     for attempt in range(1, ATTEMPTS + 1):
-        run = SourceMerge(target, source, writer, label)
+        run = SourceMerge(target, source, writer, *labels)
         try:
             return _attempt(run, checks)
         except OpenedMeanwhile:

@@ -62,13 +62,15 @@ def source_label(path: Path) -> str:
 class SourceMerge:
     """One source into one target: what planning and writing share."""
 
-    def __init__(self, target: Database, source: Path, writer: Writer, label: str | None = None) -> None:
+    def __init__(
+        self, target: Database, source: Path, writer: Writer, label: str | None = None, target_label: str | None = None
+    ) -> None:
         self.db = target
         self.conn = target.conn
         self.fmt: Format = target.format
         self.source = source
         self.label = label or source_label(source)
-        self.target_label = source_label(target.path)
+        self.target_label = target_label or source_label(target.path)
         self.forks: list[ForkReport] = []  # fork rows written (pointers.apply)
         # branches.plan made temp.branch (source calls onto forks) and temp.tmove (target calls).
         self.branches = False

@@ -16,6 +16,7 @@ references rewritten into the target's keys, unless the target has it.
 from __future__ import annotations
 
 from dagsync.formats import Key, Table
+from dagsync.merge import origins
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
 from dagsync.merge.maps import differs, expr, key_match
 from dagsync.merge.references import dangling_sql
@@ -68,10 +69,14 @@ def apply(run: SourceMerge, table: Table) -> None:
     match = key_match(run, table)
     for low, high in run.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
         with run.writer.transaction():
+            since = run.one(f'SELECT coalesce(max(rowid), 0) FROM main."{name}"')
             run.conn.execute(
                 f'INSERT INTO main."{name}" ({run.column_list(table)}) SELECT {select} '
                 f'FROM src."{name}" s WHERE s.rowid BETWEEN ? AND ? '
                 f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE {match})',
                 (low, high),
             )
-            run.written[name].added += run.changes()
+            copied = run.changes()
+            run.written[name].added += copied
+            if copied and table.pointer:
+                origins.record_new(run, table, since)

@@ -34,7 +34,7 @@ from ulid import ULID
 
 from dagsync import bookkeeping
 from dagsync.formats import Table
-from dagsync.merge import branches
+from dagsync.merge import branches, origins
 from dagsync.merge.branches import SWAP
 from dagsync.merge.core import SourceMerge, quoted
 from dagsync.merge.maps import expr
@@ -96,24 +96,31 @@ def plan(run: SourceMerge, table: Table) -> None:
     # The forks the apply will add (for the report, a dry run's too), and
     # where every call of their conversations belongs.
     c.execute("ALTER TABLE temp.ptr ADD COLUMN fork TEXT")
+    c.execute("ALTER TABLE temp.ptr ADD COLUMN label TEXT")
     named = '"name"' if "name" in run.columns[name] else "NULL"
+    # Where each branch came from: the file holding it, unless a merge brought it there.
+    s_origin = origins.label_sql(run, "src", table, "p.key", "p.s_raw")
+    t_origin = origins.label_sql(run, "main", table, "p.key", "p.t_head")
     planned = []
-    for original, verdict, s_head, t_head, s_name, t_name in c.execute(
-        f'SELECT p.key, p.verdict, p.s_head, p.t_head, s.{named}, t.{named} FROM temp.ptr p '
-        f'JOIN src."{name}" s ON s."{key}" = p.key JOIN main."{name}" t ON t."{key}" = p.key '
+    for original, verdict, s_head, t_head, s_name, t_name, s_label, t_label in c.execute(
+        f"SELECT p.key, p.verdict, p.s_head, p.t_head, s.{named}, t.{named}, {s_origin}, {t_origin} "
+        f'FROM temp.ptr p JOIN src."{name}" s ON s."{key}" = p.key JOIN main."{name}" t ON t."{key}" = p.key '
         "WHERE p.verdict IN (?, ?)",
         (FORK, SWAP),
     ).fetchall():
-        side, head, label = ("source", s_head, run.label) if verdict == FORK else ("target", t_head, run.target_label)
+        if verdict == FORK:
+            side, head, label = "source", s_head, s_label or run.label
+        else:
+            side, head, label = "target", t_head, t_label or run.target_label
         fork_key = _fork_key(original, head)
         fork_name = None if named == "NULL" else _fork_name(s_name if verdict == FORK else t_name, label)
         run.forks.append(ForkReport(name, original, fork_key, fork_name, head, side))
-        planned.append((original, fork_key, head, verdict))
-    c.executemany("UPDATE temp.ptr SET fork = ? WHERE key = ?", [(f, k) for k, f, _, _ in planned])
+        planned.append((original, fork_key, head, verdict, label))
+    c.executemany("UPDATE temp.ptr SET fork = ?, label = ? WHERE key = ?", [(f, lb, k) for k, f, _, _, lb in planned])
     raw_heads = dict(c.execute("SELECT key, s_raw FROM temp.ptr WHERE verdict = ?", (FORK,)).fetchall())
     branches.plan(
         run, table,
-        [(k, f, raw_heads[k] if v == FORK else h, v == FORK) for k, f, h, v in planned],
+        [(k, f, raw_heads[k] if v == FORK else h, v == FORK) for k, f, h, v, _ in planned],
         FAST_FORWARD,
         f"verdict IN ({FORK}, {SWAP}) OR (verdict = {FAST_FORWARD} AND row != key)",
     )  # fmt: skip
@@ -226,12 +233,16 @@ def apply(run: SourceMerge, table: Table) -> None:
             f'WHERE t."{key}" = ptr.row AND t."{pointer}" IS ptr.s_head)',
             (FORK, FAST_FORWARD),
         )
-    forks = list(c.execute("SELECT key, verdict, s_head, t_head, fork FROM temp.ptr WHERE verdict IN (?, ?)", (FORK, SWAP)))
+        if run.written[name].updated:
+            origins.record_moved(run, table, FAST_FORWARD)
+    forks = list(
+        c.execute("SELECT key, verdict, s_head, t_head, fork, label FROM temp.ptr WHERE verdict IN (?, ?)", (FORK, SWAP))
+    )
     if not forks and not run.branches:
         return
     with run.writer.transaction():
         bookkeeping.ensure(c)
-        for original, verdict, s_head, t_head, fork_key in forks:
+        for original, verdict, s_head, t_head, fork_key, label in forks:
             fork_key = fork_key or _fork_key(original, s_head)  # a fast-forward a live writer turned into a fork
             if verdict == SWAP:
                 # The source's branch is the newer: the row moves to it (only
@@ -245,9 +256,10 @@ def apply(run: SourceMerge, table: Table) -> None:
                     # A live writer continued the target's branch meanwhile: plan again.
                     raise apsw.ConstraintError(f"{name} {original} moved while the merge was writing")
                 run.written[name].updated += 1
-                _add_fork(run, table, "main", original, fork_key, t_head, run.target_label)
+                _add_fork(run, table, "main", original, fork_key, t_head, label or run.target_label)
             else:
-                _add_fork(run, table, "src", original, fork_key, s_head, run.label)
+                _add_fork(run, table, "src", original, fork_key, s_head, label or run.label)
+        origins.record_moved(run, table, SWAP, row="key")
         branches.apply(run)
 
 
@@ -278,6 +290,7 @@ def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_k
         "INSERT OR IGNORE INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
         (name, original, head, fork_key),
     )
+    origins.record(run, table, [(fork_key, head, label)])
 
 
 def _fork_key(original: str, head: str) -> str:
