@@ -69,7 +69,8 @@ def apply(run: SourceMerge, table: Table) -> None:
     match = key_match(run, table)
     for low, high in run.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
         with run.writer.transaction():
-            since = run.one(f'SELECT coalesce(max(rowid), 0) FROM main."{name}"')
+            # A pointer's rows copied here are those above the highest rowid now (origins).
+            since = run.one(f'SELECT coalesce(max(rowid), 0) FROM main."{name}"') if table.pointer else 0
             run.conn.execute(
                 f'INSERT INTO main."{name}" ({run.column_list(table)}) SELECT {select} '
                 f'FROM src."{name}" s WHERE s.rowid BETWEEN ? AND ? '

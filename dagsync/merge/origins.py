@@ -60,11 +60,11 @@ def record_moved(run: SourceMerge, table: Table, verdict: int, row: str = "row")
     )
 
 
-def record(run: SourceMerge, table: Table, rows: list[tuple[str, str, str]]) -> None:
-    """Record (row, head, label) for heads the merge moved or forks it added.
-    Call inside the transaction that wrote them."""
+def record(run: SourceMerge, table: Table, row: str, head: str, label: str) -> None:
+    """Record that ``row`` points at ``head``, from the file called ``label`` (a fork
+    the merge added). Call inside the transaction that wrote it."""
     bookkeeping.ensure(run.conn)
-    run.conn.executemany(
+    run.conn.execute(
         "INSERT OR REPLACE INTO main._dagsync_origins (pointer_table, key, head, label) VALUES (?, ?, ?, ?)",
-        [(table.name, row, head, label) for row, head, label in rows],
+        (table.name, row, head, label),
     )

@@ -290,7 +290,7 @@ def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_k
         "INSERT OR IGNORE INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
         (name, original, head, fork_key),
     )
-    origins.record(run, table, [(fork_key, head, label)])
+    origins.record(run, table, fork_key, head, label)
 
 
 def _fork_key(original: str, head: str) -> str:
