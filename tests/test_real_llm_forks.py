@@ -190,3 +190,31 @@ def test_sync_labels_name_each_files_branches(tmp_path, machines):
         "the shared opening (branch from work laptop)",
     ]
     assert fork_names(a / "logs.db") == fork_names(b / "logs.db") == ["the shared opening (branch from work laptop)"]
+
+
+def test_a_branch_forked_at_two_points_on_two_paths_merges_and_converges(tmp_path, machines):
+    """Laptop, server and desktop: a hub forks the laptop's branch, the laptop
+    goes on, and a desktop gets the laptop directly and the hub as well. The
+    same branch then sits on the thread in one file and on a fork in the
+    other: the merge goes through, and a sync of the two converges."""
+    laptop, server, thread = machines
+    hub, desk, lap = tmp_path / "hub", tmp_path / "desk", tmp_path / "laptop"
+    for home, copy_of in ((hub, server), (desk, server), (lap, laptop)):
+        shutil.copytree(copy_of, home)
+    dagsync("merge", str(hub), str(lap))  # the laptop's branch moves to a fork in the hub
+    llm(lap, "-m", "echo", "-c", "the laptop goes on about the alpaca")  # on the thread, in its own file
+    dagsync("merge", str(desk), str(lap))
+    dagsync("merge", str(desk), str(hub))
+    assert written(dagsync("sync", str(hub), str(desk))) > 0
+    for sql in (THREADS, TURNS):
+        assert rows(hub / "logs.db", sql) == rows(desk / "logs.db", sql)
+    assert written(dagsync("sync", str(hub), str(desk))) == 0
+    for home in (hub, desk):
+        assert LogStore(sqlite_utils.Database(home / "logs.db")).verify() == []
+        # The laptop's branch was continued last: the thread holds it, whole.
+        assert logged(home, thread)[2:] == ["the laptop carries on about the alpaca", "the laptop goes on about the alpaca"]
+        (server_fork,) = [
+            f for (f,) in rows(home / "logs.db", "SELECT id FROM threads WHERE forked_from IS NOT NULL")
+            if logged(home, f) == ["the server carries on about the zeppelin"]
+        ]
+        llm(home, "-m", "echo", "--cid", server_fork, "the server's branch goes on")

@@ -1,20 +1,32 @@
 """Branches: which one keeps a diverged conversation, and which calls follow a fork.
 
 When a conversation (a thread, in the llm format) has diverged between the
-two files, ``pointers`` adds a fork row. Two rules make the result the same
-whichever file is the target, and make a fork something llm can continue:
+two files, ``pointers`` adds a fork row. The conversation and its forks are a
+*family* (``temp.fam``: each fork row -> the conversation it forked from, as
+either file records it: llm's ``forked_from``, dagsync's ``_dagsync_forks``).
+Three rules make the result the same whichever file is the target, and make
+a fork something llm can continue:
 
 * **The branch continued last keeps the conversation.** Of the two tips, the
   one with the later time (``Format.branch_time``: the turn that ends at it,
   in the llm format; the message's own ``created_at`` in the dag format),
   then the greater key, keeps the original row; the other gets the fork. So
   the target's own branch may be the one that moves to a fork (``SWAP``).
-* **A call follows its branch.** Every call of the conversation, in either
-  file, belongs to the row (the conversation or one of its forks) whose
-  chain, after this merge, holds the call's tip; the conversation itself
-  where both do (their common prefix). ``temp.branch`` says where source
-  calls go when they are copied or compared, ``temp.tmove`` which target
-  calls move (``apply``).
+  That holds too when the source's branch continues one of the target's
+  forks (the target forked it in an earlier merge, the source never did):
+  if it is the newer, the conversation takes it and the fork stays where it
+  was.
+* **A call follows its branch.** Every call of a family, in either file,
+  belongs to the row whose chain, after this merge, holds the call's tip:
+  the conversation itself where it does (their common prefix), else the
+  fork with the longest chain (a fork left behind, whose branch the
+  conversation or a later fork continued, gives its calls up), then the
+  least key. ``temp.branch`` says where source calls go when they are copied
+  or compared, ``temp.tmove`` which target calls move (``apply``).
+* **Calls are placed again wherever a family changes**: a fork added, a
+  fork moved on, or a row of the family arriving from the source. The same
+  family in two files then holds the same calls on the same rows, however
+  the files came by their forks.
 
 A fork's key and name come from the branch alone (``pointers.fork_key``, the
 label of the file the branch came from), so two files that merge each other
@@ -23,10 +35,11 @@ in either order, or ``sync``, end with the same rows.
 
 from __future__ import annotations
 
+from dagsync import bookkeeping
 from dagsync.formats import Table
 from dagsync.merge.core import SourceMerge
 
-__all__ = ["SWAP", "apply", "choose", "plan"]
+__all__ = ["SWAP", "apply", "choose", "families", "family", "plan"]
 
 # A verdict in temp.ptr besides pointers' own: the heads diverged and the
 # source's branch is newer: the row moves to the source's head, and the
@@ -34,8 +47,37 @@ __all__ = ["SWAP", "apply", "choose", "plan"]
 SWAP = 4
 
 
-def choose(run: SourceMerge, table: Table, fork: int) -> None:
-    """Turn each ``fork`` verdict whose source branch is the newer into ``SWAP``."""
+def families(run: SourceMerge, table: Table) -> None:
+    """``temp.fam``: every fork row either file knows of -> the row it forked from."""
+    if table.name != run.fmt.conversation_table:
+        return
+    c = run.conn
+    key = table.natural_key[0]
+    c.execute("CREATE TEMP TABLE fam (row TEXT PRIMARY KEY, original TEXT NOT NULL) WITHOUT ROWID")
+    for schema in ("main", "src"):
+        bound = f" AND rowid <= {run.bounds.get(table.name, 0)}" if schema == "src" else ""
+        if "forked_from" in run.columns[table.name]:
+            c.execute(
+                f'INSERT OR IGNORE INTO temp.fam SELECT "{key}", "forked_from" FROM {schema}."{table.name}" '
+                f'WHERE "forked_from" IS NOT NULL AND "forked_from" != "{key}"{bound}'
+            )
+        if bookkeeping.has(c, "_dagsync_forks", schema):
+            c.execute(
+                f"INSERT OR IGNORE INTO temp.fam SELECT fork_key, key FROM {schema}._dagsync_forks "
+                "WHERE pointer_table = ? AND fork_key != key",
+                (table.name,),
+            )
+    run.families = True
+
+
+def family(value: str) -> str:
+    """SQL for the family (the conversation a fork forked from, else itself) of conversation ``value``."""
+    return f"coalesce((SELECT original FROM temp.fam WHERE row = {value}), {value})"
+
+
+def choose(run: SourceMerge, table: Table, fork: int, fast_forward: int) -> None:
+    """Turn each ``fork`` verdict whose source branch is the newer into ``SWAP``,
+    and so each ``fast_forward`` of one of the row's forks (not of the row itself)."""
     if run.fmt.branch_time is None or table.name != run.fmt.conversation_table:
         return
     tbl, tip, time, scope = run.fmt.branch_time
@@ -48,78 +90,95 @@ def choose(run: SourceMerge, table: Table, fork: int) -> None:
         )
 
     run.conn.execute(
-        f"UPDATE temp.ptr SET verdict = {SWAP} WHERE verdict = {fork} AND "
-        f"({latest('src', 's_raw')}, s_head) > ({latest('main', 't_head')}, t_head)"
+        f"UPDATE temp.ptr SET verdict = {SWAP} WHERE (verdict = {fork} OR (verdict = {fast_forward} "
+        f"AND row != key)) AND ({latest('src', 's_raw')}, s_head) > ({latest('main', 't_head')}, t_head)"
     )
 
 
 def plan(
     run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]], fast_forward: int, changing: str
 ) -> None:
-    """Where every call of each conversation the merge moves or forks belongs.
+    """Where every call of each family the merge changes belongs.
 
     ``forks``: (conversation, fork key, head, whether the head is the
     source's) for each fork row the merge will add; ``fast_forward``:
     pointers' verdict for a row that moves on to the source's head;
     ``changing``: SQL true for the temp.ptr rows whose branches change (a
-    fork added, or a fork moved on). The others keep every branch where it
-    is: their calls are compared through ``maps.differs``, which takes a
-    target call on a fork of the source call's conversation for the same.
+    fork added, or a fork moved on). Families a row arrives in change too.
+    The others keep every branch where it is: their calls are compared
+    through ``maps.differs``, which takes a call on another row of the same
+    family for the same.
     """
     fmt = run.fmt
     if fmt.call_conversation is None or table.name != fmt.conversation_table:
         return
-    if not run.one(f"SELECT 1 FROM temp.ptr WHERE {changing} LIMIT 1"):
-        return
     c = run.conn
-    FAST_FORWARD = fast_forward  # noqa: N806 - pointers' constant, passed in (pointers imports this module)
-    # Each row's head after the merge: the conversation, its earlier forks, its new forks.
+    name, key, pointer = table.name, table.natural_key[0], table.pointer
+    c.execute("CREATE TEMP TABLE replan (key TEXT PRIMARY KEY) WITHOUT ROWID")
+    c.execute(f"INSERT OR IGNORE INTO temp.replan SELECT key FROM temp.ptr WHERE {changing}")
+    # A fork the target lacks, of a conversation it has.
+    c.execute(
+        f'INSERT OR IGNORE INTO temp.replan SELECT f.original FROM temp.fam f JOIN src."{name}" s ON s."{key}" = f.row '
+        f'WHERE s.rowid <= ? AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE t."{key}" = f.row) '
+        f'AND EXISTS (SELECT 1 FROM main."{name}" t WHERE t."{key}" = f.original)',
+        (run.bounds.get(name, 0),),
+    )
+    if not run.one("SELECT 1 FROM temp.replan LIMIT 1"):
+        return
+    # Every row of each family, in either file, with its head after the merge.
+    c.execute("CREATE TEMP TABLE members (key TEXT NOT NULL, row TEXT NOT NULL, PRIMARY KEY (row, key)) WITHOUT ROWID")
+    c.execute("INSERT INTO temp.members SELECT key, key FROM temp.replan")
+    c.execute("INSERT OR IGNORE INTO temp.members SELECT r.key, f.row FROM temp.replan r JOIN temp.fam f ON f.original = r.key")
+    c.execute("INSERT OR IGNORE INTO temp.members SELECT key, fork FROM temp.ptr WHERE fork IS NOT NULL")
     c.execute("CREATE TEMP TABLE heads (key TEXT NOT NULL, row TEXT NOT NULL, head TEXT, from_src INTEGER NOT NULL)")
-    moved = f"verdict = {SWAP} OR (verdict = {FAST_FORWARD} AND row = key)"
-    c.execute(
-        f"INSERT INTO temp.heads SELECT key, key, CASE WHEN {moved} THEN s_raw ELSE t_head END, "
-        f"CASE WHEN {moved} THEN 1 ELSE 0 END FROM temp.ptr WHERE {changing}"
+    # A row the target has: where the merge moves it (itself, a swap, or a fork of it
+    # fast-forwarded), else where it is.
+    moved = (
+        f"(SELECT p.s_raw FROM temp.ptr p WHERE (p.key = m.row AND (p.verdict = {SWAP} OR "
+        f"(p.verdict = {fast_forward} AND p.row = p.key))) OR (p.verdict = {fast_forward} AND p.row = m.row) LIMIT 1)"
     )
     c.execute(
-        "INSERT INTO temp.heads SELECT c.key, c.row, CASE WHEN p.verdict = ? AND p.row = c.row THEN p.s_raw "
-        "ELSE c.head END, p.verdict = ? AND p.row = c.row FROM temp.cand c JOIN temp.ptr p ON p.key = c.key "
-        f"WHERE c.row != c.key AND c.key IN (SELECT key FROM temp.ptr WHERE {changing})",
-        (FAST_FORWARD, FAST_FORWARD),
+        f'INSERT INTO temp.heads SELECT m.key, m.row, coalesce({moved}, t."{pointer}"), {moved} IS NOT NULL '
+        f'FROM temp.members m JOIN main."{name}" t ON t."{key}" = m.row'
     )
-    c.executemany("INSERT INTO temp.heads VALUES (?, ?, ?, ?)", [(k, f, h, int(s)) for k, f, h, s in forks])
+    # A row arriving from the source: where the source has it.
+    c.execute(
+        f'INSERT INTO temp.heads SELECT m.key, m.row, s."{pointer}", 1 FROM temp.members m '
+        f'JOIN src."{name}" s ON s."{key}" = m.row WHERE s.rowid <= ? '
+        f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE t."{key}" = m.row)',
+        (run.bounds.get(name, 0),),
+    )
+    # The fork rows this merge adds (a source row of the same key, copied first, is the same row).
+    c.executemany(
+        "INSERT INTO temp.heads SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?)",
+        [(k, f, h, int(s), f) for k, f, h, s in forks],
+    )
     _chains(run)
-    # Source calls: to the row whose chain holds the call's tip (the conversation first).
-    key = fmt.table(fmt.call_table).natural_key[0]
-    conv, tip = fmt.call_conversation, fmt.call_tip
-    calls = fmt.call_table
-    target_tip = f't."{tip}"'
+    # Each call, in either file, of a conversation in these families: to the row whose chain holds its tip.
+    call_key = fmt.table(fmt.call_table).natural_key[0]
+    conv, tip, calls = fmt.call_conversation, fmt.call_tip, fmt.call_table
 
-    def owner(alias: str, mapped_tip: str) -> str:
+    def placed(schema: str, tip_sql: str) -> str:
         return (
-            f"(SELECT b.row FROM temp.bchain b WHERE b.key = {alias}.\"{conv}\" AND b.msg = {mapped_tip} "
-            "ORDER BY b.row != b.key, b.row LIMIT 1)"
+            f'SELECT call, conv FROM (SELECT x."{call_key}" AS call, x."{conv}" AS old, '
+            f"(SELECT b.row FROM temp.bchain b JOIN temp.depth d ON d.key = b.key AND d.row = b.row "
+            f"WHERE b.key = m.key AND b.msg = {tip_sql} ORDER BY b.row != b.key, d.n DESC, b.row LIMIT 1) AS conv "
+            f'FROM temp.members m JOIN {schema}."{calls}" x ON x."{conv}" = m.row) '
+            "WHERE conv IS NOT NULL AND conv IS NOT old"
         )
 
-    source_tip = f'(SELECT dst FROM temp.msg_map WHERE src = s."{tip}")'
     c.execute("CREATE TEMP TABLE branch (call TEXT PRIMARY KEY, conv TEXT NOT NULL) WITHOUT ROWID")
-    c.execute(
-        f"INSERT INTO temp.branch SELECT call, conv FROM (SELECT s.\"{key}\" AS call, s.\"{conv}\" AS old, "
-        f"{owner('s', source_tip)} AS conv "
-        f'FROM src."{calls}" s WHERE s."{conv}" IN (SELECT key FROM temp.heads)) '
-        "WHERE conv IS NOT NULL AND conv IS NOT old"
-    )
+    source_tip = f'(SELECT dst FROM temp.msg_map WHERE src = x."{tip}")'
+    c.execute(f"INSERT OR IGNORE INTO temp.branch {placed('src', source_tip)}")
     c.execute("CREATE TEMP TABLE tmove (call TEXT PRIMARY KEY, conv TEXT NOT NULL) WITHOUT ROWID")
-    c.execute(
-        f"INSERT INTO temp.tmove SELECT call, conv FROM (SELECT t.\"{key}\" AS call, t.\"{conv}\" AS old, "
-        f"{owner('t', target_tip)} AS conv "
-        f'FROM main."{calls}" t WHERE t."{conv}" IN (SELECT key FROM temp.heads)) '
-        "WHERE conv IS NOT NULL AND conv IS NOT old"
-    )
+    target_tip = f'x."{tip}"'
+    c.execute(f"INSERT OR IGNORE INTO temp.tmove {placed('main', target_tip)}")
     run.branches = True
 
 
 def _chains(run: SourceMerge) -> None:
-    """``temp.bchain``: every message on each head's chain, in the target's keys."""
+    """``temp.bchain``: every message on each head's chain, in the target's keys;
+    ``temp.depth``: how many messages each chain holds."""
     c = run.conn
     mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
     not_root = f"m.{mkey} != '{root}'" if root else "1"
@@ -137,6 +196,8 @@ def _chains(run: SourceMerge) -> None:
         f"WHERE {not_root}) SELECT up.key, up.row, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur"
     )
     c.execute("CREATE INDEX temp.bchain_key ON bchain (key, msg)")
+    c.execute("CREATE TEMP TABLE depth (key TEXT NOT NULL, row TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key, row))")
+    c.execute("INSERT INTO temp.depth SELECT key, row, count(DISTINCT msg) FROM temp.bchain GROUP BY key, row")
 
 
 def apply(run: SourceMerge) -> int:

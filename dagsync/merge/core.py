@@ -74,6 +74,8 @@ class SourceMerge:
         self.forks: list[ForkReport] = []  # fork rows written (pointers.apply)
         # branches.plan made temp.branch (source calls onto forks) and temp.tmove (target calls).
         self.branches = False
+        # branches.families made temp.fam (each fork row -> the conversation it forked from).
+        self.families = False
         self.writer = writer
         self.conflicts: list[str] = []
         # What the plan found, then (once applied) what was written.

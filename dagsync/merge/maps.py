@@ -20,6 +20,7 @@ from __future__ import annotations
 from dagsync import bookkeeping, packed
 from dagsync.errors import DamagedSource
 from dagsync.formats import JsonRef, Key, Table
+from dagsync.merge.branches import family
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 
 __all__ = ["differs", "expr", "key_match", "payload"]
@@ -106,24 +107,15 @@ def differs(run: SourceMerge, table: Table, column: str) -> str:
             return f'(t."name" IS NOT {value} AND NOT ({" OR ".join(forks)}))'
     if table.name == run.fmt.call_table and column == run.fmt.call_conversation:
         # The target's call, where this merge leaves it, on the source's
-        # conversation or on one of its forks (its branch moved there).
+        # conversation or on another row of its family: which row of a
+        # family holds a call is the branches' rule, not the call's content.
         key = table.natural_key[0]
         held = f't."{column}"'
         if run.branches:
             held = f'coalesce((SELECT conv FROM temp.tmove WHERE call = t."{key}"), {held})'
-        conversations = run.fmt.table(run.fmt.conversation_table)
-        forks = []
-        if "forked_from" in run.columns[conversations.name]:
-            forks.append(
-                f'EXISTS (SELECT 1 FROM main."{conversations.name}" f '
-                f'WHERE f."{conversations.natural_key[0]}" = {held} AND f."forked_from" = {value})'
-            )
-        if bookkeeping.has(run.conn, "_dagsync_forks"):
-            forks.append(
-                f"EXISTS (SELECT 1 FROM main._dagsync_forks f WHERE f.fork_key = {held} AND f.key = {value})"
-            )
-        fork_of = f" AND NOT ({' OR '.join(forks)})" if forks else ""
-        return f"({held} IS NOT {value}{fork_of})"
+        if run.families:
+            return f"({held} IS NOT {value} AND {family(held)} IS NOT {family(value)})"
+        return f"{held} IS NOT {value}"
     raw = f's."{column}"'
     ref = run.fmt.references[table.name].get(column)
     if value == raw or ref is None or run.fmt.table(ref).key not in MESSAGE_KEYS:

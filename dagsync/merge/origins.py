@@ -36,10 +36,19 @@ def label_sql(run: SourceMerge, schema: str, table: Table, key: str, head: str) 
 
 def record_new(run: SourceMerge, table: Table, since: int) -> None:
     """Record where the heads of the rows just copied (target rowid above ``since``) came
-    from. Call inside the transaction that copied them."""
+    from, and carry on the source's record of those that are forks (``_dagsync_forks``:
+    the dag format has no ``forked_from`` to say so). Call inside the transaction that
+    copied them."""
     name, pointer, key = table.name, table.pointer, table.natural_key[0]
     carried = label_sql(run, "src", table, f's."{key}"', f's."{pointer}"')
     bookkeeping.ensure(run.conn)
+    if bookkeeping.has(run.conn, "_dagsync_forks", "src"):
+        run.conn.execute(
+            "INSERT OR IGNORE INTO main._dagsync_forks (pointer_table, key, head, fork_key) "
+            "SELECT f.pointer_table, f.key, f.head, f.fork_key FROM src._dagsync_forks f "
+            f'JOIN main."{name}" t ON t."{key}" = f.fork_key WHERE f.pointer_table = ? AND t.rowid > ?',
+            (name, since),
+        )
     run.conn.execute(
         f"INSERT OR REPLACE INTO main._dagsync_origins (pointer_table, key, head, label) "
         f'SELECT ?, t."{key}", t."{pointer}", coalesce({carried}, ?) FROM main."{name}" t '

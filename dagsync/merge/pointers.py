@@ -58,6 +58,7 @@ def plan(run: SourceMerge, table: Table) -> None:
     name, pointer = table.name, table.pointer
     key = table.natural_key[0]
     head = expr(run, table, pointer, written=True)  # NULL for a head the plan did not see: ignored
+    branches.families(run, table)
     c.execute(
         "CREATE TEMP TABLE ptr (key TEXT PRIMARY KEY, s_raw TEXT, s_head TEXT, t_head TEXT, "
         "verdict INTEGER, row TEXT, row_head TEXT)"
@@ -88,7 +89,7 @@ def plan(run: SourceMerge, table: Table) -> None:
         (FAST_FORWARD,),
     )
     c.execute("UPDATE temp.ptr SET verdict = ? WHERE verdict IS NULL", (FORK,))
-    branches.choose(run, table, FORK)
+    branches.choose(run, table, FORK, FAST_FORWARD)
     counts = run.counts[name]
     # A swap moves the row on to the source's head, and adds a fork: both.
     counts.updated = run.one("SELECT count(*) FROM temp.ptr WHERE verdict IN (?, ?)", (FAST_FORWARD, SWAP))

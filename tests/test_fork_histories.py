@@ -1,0 +1,161 @@
+"""Hypothesis: any history of prompts, merges and syncs between three machines
+converges, and the hub it makes does not depend on the order of its files.
+
+Three dag-format files start from one history. Each step either continues a
+conversation row (the conversation or one of its forks) in one file, the way
+llm's DAG branch does (a user and an assistant message, a call, the head
+moved on), or merges one file into another, or syncs two. Histories like
+these put one branch on a conversation in one file and on a fork in another
+(a hub forks a laptop's branch, the laptop goes on, a desktop gets both), which
+two-file laws never reach. Afterwards:
+
+* every merge went through (no conflict), and nothing was lost: every call
+  made anywhere is in every file, and every head made is on some chain;
+* syncing the three pairwise leaves them identical (conversations, heads by
+  content, each call on the same row), and a further sync writes nothing;
+* merging the three files as they were into a new hub, in either order,
+  gives the same hub.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dagsync.formats.dag import DAG
+from dagsync.merge import merge
+from dagsync.message import Message, TextPart
+from dagsync.store import MessageStore, UlidFactory
+from dagsync.sync import sync
+from dagsync.verify import verify
+from tests.history import conversation_chains, integrity, message_paths
+from tests.test_fork_laws import pointers_and_calls
+
+NAMES = ("laptop", "server", "desk")
+
+
+class Clock:
+    """One clock for every machine: a later step is later everywhere, as on real machines."""
+
+    def __init__(self) -> None:
+        self.t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def tick(self) -> float:
+        self.t += timedelta(milliseconds=7)
+        return self.t.timestamp()
+
+    def iso(self) -> str:
+        self.tick()
+        return self.t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def say(text: str, role: str) -> Message:
+    return Message(role=role, parts=[TextPart(text=text)])
+
+
+def prompt(path: Path, clock: Clock, row: int, words: str) -> tuple[str, str]:
+    """Continue the ``row``-th conversation row (by id) of ``path``; the call's id and the new head's content path."""
+    with MessageStore.open(path, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+        rows = [r for (r,) in store.conn.execute("SELECT id FROM conversations ORDER BY id")]
+        conversation = rows[row % len(rows)]
+        head = store.conversation_head(conversation)
+        asked = store.save_chain([say(words, "user")], starting_parent_id=head)
+        answered = store.save_chain([say(f"re: {words}", "assistant")], starting_parent_id=asked)
+        call = store.record_call(
+            model="echo", head_input_message_id=asked, head_output_message_id=answered,
+            conversation_id=conversation, started_at=clock.iso(),
+        )  # fmt: skip
+        store.advance_conversation(conversation, answered)
+    return call, message_paths(path)[answered]
+
+
+@contextlib.contextmanager
+def machines() -> Iterator[tuple[list[Path], Clock]]:
+    """Three files holding one history of two conversations, each a machine of its own name."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d) / "base.db"
+        with MessageStore.open(base, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+            for topic in ("alpaca", "zeppelin"):
+                head = store.save_chain([say("be terse", "system"), say(topic, "user"), say(f"re: {topic}", "assistant")])
+                conversation = store.start_conversation(topic, "echo", head)
+                store.record_call(
+                    model="echo", head_input_message_id=head, head_output_message_id=head,
+                    conversation_id=conversation, started_at=clock.iso(),
+                )  # fmt: skip
+        paths = []
+        for name in NAMES:
+            (Path(d) / name).mkdir()
+            paths.append(Path(d) / name / f"{name}.db")
+            shutil.copyfile(base, paths[-1])
+        yield paths, clock
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("prompt"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 3)),
+        st.tuples(st.just("merge"), st.integers(0, 2), st.integers(0, 2)).filter(lambda s: s[1] != s[2]),
+        st.tuples(st.just("sync"), st.integers(0, 2), st.integers(0, 2)).filter(lambda s: s[1] != s[2]),
+    ),
+    min_size=3,
+    max_size=16,
+)
+
+
+def writes(report) -> int:
+    return sum(s.written for m in (report.into_a, report.into_b, report.settle) if m for s in m.sources)
+
+
+# A hub forks the laptop's branch, the laptop goes on, and a server gets the laptop and then the hub.
+THREE_MACHINES = [("prompt", 0, 0, 1), ("prompt", 1, 0, 2), ("merge", 2, 1), ("merge", 2, 0), ("prompt", 0, 0, 3),
+                  ("merge", 1, 0), ("merge", 1, 2)]  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@given(history=steps)
+@example(history=THREE_MACHINES)
+def test_any_history_of_prompts_merges_and_syncs_converges(history):
+    with machines() as (files, clock):
+        calls, heads = set(), set()
+        for step in history:
+            if step[0] == "prompt":
+                _, machine, row, words = step
+                call, head = prompt(files[machine], clock, row, f"w{words}")
+                calls.add(call)
+                heads.add(head)
+            elif step[0] == "merge":
+                merge(files[step[1]], [files[step[2]]])
+            else:
+                sync(files[step[1]], files[step[2]])
+        d = files[0].parent.parent
+        hubs = []
+        for order in (files, files[::-1]):
+            hub = d / f"hub{len(hubs)}" / "hub.db"
+            hub.parent.mkdir()
+            for path in order:
+                merge(hub, [path])
+            hubs.append(pointers_and_calls(hub, DAG))
+        assert hubs[0] == hubs[1]
+
+        sync(files[0], files[1])
+        sync(files[1], files[2])
+        sync(files[0], files[1])
+        states = [pointers_and_calls(f, DAG) for f in files]
+        assert states[0] == states[1] == states[2]
+        assert writes(sync(files[0], files[2])) == 0
+        assert writes(sync(files[0], files[1])) == 0
+        for path in files:
+            assert integrity(path) == []
+            assert verify(path).problems == ()
+            with MessageStore.open(path) as store:
+                held = {c for (c,) in store.conn.execute("SELECT id FROM calls")}
+            assert calls <= held
+            chains = ["/".join(c) for c in conversation_chains(path).values()]
+            assert all(any(c == h or c.startswith(h + "/") for c in chains) for h in heads)
