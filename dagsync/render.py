@@ -64,7 +64,7 @@ def merge(report: MergeReport) -> str:
         if not source.written:
             lines.append("    nothing new: the target already holds all of it")
             continue
-        shown = [t for t in source.tables if t.added or t.mapped or t.updated or t.forked]
+        shown = [t for t in source.tables if t.added or t.mapped or t.updated or t.forked or t.moved]
         for t in shown:
             bits = [f"{t.added:,} added"]
             if t.mapped:
@@ -73,6 +73,8 @@ def merge(report: MergeReport) -> str:
                 bits.append(f"{t.updated:,} fast-forwarded")
             if t.forked:
                 bits.append(f"{t.forked:,} forked (diverged)")
+            if t.moved:
+                bits.append(f"{t.moved:,} moved onto their branch's row")
             lines.append(f"    {t.table:<26} {', '.join(bits)}")
         for f in source.forks:
             lines.append(f"    fork {f.fork} of {f.original}: {f.name!r}, holding the {f.side}'s branch (tip {f.head[:12]})")

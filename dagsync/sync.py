@@ -59,6 +59,6 @@ def sync(
     into_b = merge(b, [a], dry_run=dry_run, progress=progress, **into_b_labels)
     settle = None
     # A dry run writes nothing to A, so a third leg would only repeat the first.
-    if not dry_run and any(t.forked for s in into_b.sources for t in s.tables):
+    if not dry_run and any(t.forked or t.moved for s in into_b.sources for t in s.tables):
         settle = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
     return SyncReport(into_a, into_b, settle)

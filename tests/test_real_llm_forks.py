@@ -218,3 +218,34 @@ def test_a_branch_forked_at_two_points_on_two_paths_merges_and_converges(tmp_pat
             if logged(home, f) == ["the server carries on about the zeppelin"]
         ]
         llm(home, "-m", "echo", "--cid", server_fork, "the server's branch goes on")
+
+
+def test_a_branch_a_hub_forked_and_a_desktop_forked_later_is_one_branch_after_a_sync(tmp_path, machines):
+    """The same as above, but the server goes on after the laptop: the laptop's
+    branch is a fork everywhere, once forked at its first turn (the hub) and
+    once at its second (the desktop). After a sync the two files agree: the
+    first fork keeps the laptop's first turn, the second holds the turn after
+    it, and llm continues either."""
+    laptop, server, thread = machines
+    hub, desk, lap, srv = (tmp_path / n for n in ("hub", "desk", "laptop", "server"))
+    for home, copy_of in ((hub, server), (lap, laptop), (srv, server)):
+        shutil.copytree(copy_of, home)
+    dagsync("merge", str(hub), str(lap))
+    llm(lap, "-m", "echo", "-c", "the laptop goes on about the alpaca")
+    llm(srv, "-m", "echo", "-c", "the server goes on about the zeppelin")  # the later one
+    shutil.copytree(srv, desk)
+    dagsync("merge", str(desk), str(lap))
+    dagsync("merge", str(desk), str(hub))
+    dagsync("sync", str(hub), str(desk))
+    for sql in (THREADS, TURNS):
+        assert rows(hub / "logs.db", sql) == rows(desk / "logs.db", sql)
+    assert written(dagsync("sync", str(hub), str(desk))) == 0
+    alpaca = ["the laptop carries on about the alpaca", "the laptop goes on about the alpaca"]
+    for home in (hub, desk):
+        assert LogStore(sqlite_utils.Database(home / "logs.db")).verify() == []
+        assert logged(home, thread)[2:] == ["the server carries on about the zeppelin", "the server goes on about the zeppelin"]
+        forks = [f for (f,) in rows(home / "logs.db", "SELECT id FROM threads WHERE forked_from IS NOT NULL")]
+        assert sorted(logged(home, f) for f in forks) == [alpaca[:1], alpaca[1:]]
+        for fork in forks:
+            llm(home, "-m", "echo", "--cid", fork, "and on")
+            assert logged(home, fork)[-1] == "and on"

@@ -236,7 +236,7 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
     # Report what was done, which is what the plan said unless a live writer got there first.
     for name, done in run.written.items():
         counts = run.counts[name]
-        counts.added, counts.updated, counts.forked = done.added, done.updated, done.forked
+        counts.added, counts.updated, counts.forked, counts.moved = done.added, done.updated, done.forked, done.moved
     return run.report()
 
 

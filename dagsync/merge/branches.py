@@ -19,9 +19,11 @@ a fork something llm can continue:
 * **A call follows its branch.** Every call of a family, in either file,
   belongs to the row whose chain, after this merge, holds the call's tip:
   the conversation itself where it does (their common prefix), else the
-  fork with the longest chain (a fork left behind, whose branch the
-  conversation or a later fork continued, gives its calls up), then the
-  least key. ``temp.branch`` says where source calls go when they are copied
+  fork with the shortest chain (the fork made where the branch began keeps
+  the turns it had when a later fork of the same branch arrives, so both
+  stay rows llm can continue), then the least key. A fork whose head the
+  conversation's own chain went on to hold (the conversation continued
+  that branch in a file that never saw the fork) holds no calls. ``temp.branch`` says where source calls go when they are copied
   or compared, ``temp.tmove`` which target calls move (``apply``).
 * **Calls are placed again wherever a family changes**: a fork added, a
   fork moved on, or a row of the family arriving from the source. The same
@@ -48,7 +50,8 @@ SWAP = 4
 
 
 def families(run: SourceMerge, table: Table) -> None:
-    """``temp.fam``: every fork row either file knows of -> the row it forked from."""
+    """``temp.fam``: every fork row either file knows of -> the conversation its family
+    started from (the row it forked from, or that row's own original)."""
     if table.name != run.fmt.conversation_table:
         return
     c = run.conn
@@ -67,6 +70,15 @@ def families(run: SourceMerge, table: Table) -> None:
                 "WHERE pointer_table = ? AND fork_key != key",
                 (table.name,),
             )
+    # A fork of a fork belongs to the first conversation's family (a few levels at most;
+    # the bound stops a cycle a hand-made file might hold).
+    for _ in range(64):
+        c.execute(
+            "UPDATE temp.fam SET original = (SELECT up.original FROM temp.fam up WHERE up.row = fam.original) "
+            "WHERE original IN (SELECT row FROM temp.fam) AND original != row"
+        )
+        if not run.changes():
+            break
     run.families = True
 
 
@@ -115,7 +127,7 @@ def plan(
     c = run.conn
     name, key, pointer = table.name, table.natural_key[0], table.pointer
     c.execute("CREATE TEMP TABLE replan (key TEXT PRIMARY KEY) WITHOUT ROWID")
-    c.execute(f"INSERT OR IGNORE INTO temp.replan SELECT key FROM temp.ptr WHERE {changing}")
+    c.execute(f"INSERT OR IGNORE INTO temp.replan SELECT {family('key')} FROM temp.ptr WHERE {changing}")
     # A fork the target lacks, of a conversation it has.
     c.execute(
         f'INSERT OR IGNORE INTO temp.replan SELECT f.original FROM temp.fam f JOIN src."{name}" s ON s."{key}" = f.row '
@@ -129,7 +141,7 @@ def plan(
     c.execute("CREATE TEMP TABLE members (key TEXT NOT NULL, row TEXT NOT NULL, PRIMARY KEY (row, key)) WITHOUT ROWID")
     c.execute("INSERT INTO temp.members SELECT key, key FROM temp.replan")
     c.execute("INSERT OR IGNORE INTO temp.members SELECT r.key, f.row FROM temp.replan r JOIN temp.fam f ON f.original = r.key")
-    c.execute("INSERT OR IGNORE INTO temp.members SELECT key, fork FROM temp.ptr WHERE fork IS NOT NULL")
+    c.execute(f"INSERT OR IGNORE INTO temp.members SELECT {family('key')}, fork FROM temp.ptr WHERE fork IS NOT NULL")
     c.execute("CREATE TEMP TABLE heads (key TEXT NOT NULL, row TEXT NOT NULL, head TEXT, from_src INTEGER NOT NULL)")
     # A row the target has: where the merge moves it (itself, a swap, or a fork of it
     # fast-forwarded), else where it is.
@@ -150,8 +162,8 @@ def plan(
     )
     # The fork rows this merge adds (a source row of the same key, copied first, is the same row).
     c.executemany(
-        "INSERT INTO temp.heads SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?)",
-        [(k, f, h, int(s), f) for k, f, h, s in forks],
+        f"INSERT INTO temp.heads SELECT {family('?1')}, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?2)",
+        [(k, f, h, int(s)) for k, f, h, s in forks],
     )
     _chains(run)
     # Each call, in either file, of a conversation in these families: to the row whose chain holds its tip.
@@ -162,7 +174,7 @@ def plan(
         return (
             f'SELECT call, conv FROM (SELECT x."{call_key}" AS call, x."{conv}" AS old, '
             f"(SELECT b.row FROM temp.bchain b JOIN temp.depth d ON d.key = b.key AND d.row = b.row "
-            f"WHERE b.key = m.key AND b.msg = {tip_sql} ORDER BY b.row != b.key, d.n DESC, b.row LIMIT 1) AS conv "
+            f"WHERE b.key = m.key AND b.msg = {tip_sql} ORDER BY b.row != b.key, d.n, b.row LIMIT 1) AS conv "
             f'FROM temp.members m JOIN {schema}."{calls}" x ON x."{conv}" = m.row) '
             "WHERE conv IS NOT NULL AND conv IS NOT old"
         )
@@ -173,6 +185,7 @@ def plan(
     c.execute("CREATE TEMP TABLE tmove (call TEXT PRIMARY KEY, conv TEXT NOT NULL) WITHOUT ROWID")
     target_tip = f'x."{tip}"'
     c.execute(f"INSERT OR IGNORE INTO temp.tmove {placed('main', target_tip)}")
+    run.counts[calls].moved = run.one("SELECT count(*) FROM temp.tmove")
     run.branches = True
 
 

@@ -186,7 +186,7 @@ class SourceMerge:
 
     def report(self) -> SourceReport:
         tables = tuple(
-            TableReport(name, c.added, c.mapped, c.existing, c.updated, c.forked)
+            TableReport(name, c.added, c.mapped, c.existing, c.updated, c.forked, c.moved)
             for name, c in self.counts.items()
             if self.present(self.fmt.table(name))
         )

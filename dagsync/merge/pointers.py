@@ -27,6 +27,7 @@ exactly the chains it would have had.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import apsw
@@ -128,7 +129,11 @@ def plan(run: SourceMerge, table: Table) -> None:
 
 
 def _fork_name(name: str | None, label: str) -> str:
-    return f"{name or 'conversation'} (branch from {label})"
+    """``<name> (branch from <label>)``; a fork of a fork says only where its own branch came from."""
+    return f"{_FORK_SUFFIX.sub('', name or '') or 'conversation'} (branch from {label})"
+
+
+_FORK_SUFFIX = re.compile(r" \(branch from [^()]*\)$")
 
 
 def _candidates(run: SourceMerge, table: Table) -> None:
@@ -213,7 +218,7 @@ def _walk_chains(run: SourceMerge) -> None:
 def apply(run: SourceMerge, table: Table) -> None:
     """Move the pointers to fast-forward, then add a fork row for each that diverged."""
     planned = run.counts[table.name]
-    if not (planned.updated or planned.forked):
+    if not (planned.updated or planned.forked or run.branches):
         return
     c = run.conn
     name, pointer = table.name, table.pointer
@@ -261,7 +266,7 @@ def apply(run: SourceMerge, table: Table) -> None:
             else:
                 _add_fork(run, table, "src", original, fork_key, s_head, label or run.label)
         origins.record_moved(run, table, SWAP, row="key")
-        branches.apply(run)
+        run.written[run.fmt.call_table].moved += branches.apply(run)
 
 
 def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_key: str, head: str, label: str) -> None:
@@ -274,7 +279,8 @@ def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_k
     values[key] = ("?", (fork_key,))
     values[pointer] = ("?", (head,))
     if "name" in values:
-        values["name"] = ("coalesce(s.\"name\", 'conversation') || ?", (f" (branch from {label})",))
+        named = run.one(f'SELECT "name" FROM {schema}."{name}" WHERE "{key}" = ?', (original,))
+        values["name"] = ("?", (_fork_name(named, label),))
     if "forked_from" in values:
         values["forked_from"] = ("?", (original,))
     exprs = ", ".join(sql for sql, _ in values.values())

@@ -15,6 +15,7 @@ class TableReport:
     existing: int = 0  # rows the target already had
     updated: int = 0  # pointers fast-forwarded
     forked: int = 0  # fork rows added for pointers that diverged
+    moved: int = 0  # calls (turns) moved onto the row of their branch (merge.branches)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class SourceReport:
 
     @property
     def written(self) -> int:
-        return sum(t.added + t.updated + t.forked for t in self.tables)
+        return sum(t.added + t.updated + t.forked + t.moved for t in self.tables)
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,4 @@ class Counts:
     existing: int = 0
     updated: int = 0
     forked: int = 0
+    moved: int = 0
