@@ -30,9 +30,10 @@ a fork something llm can continue:
   family in two files then holds the same calls on the same rows, however
   the files came by their forks.
 
-A fork's key and name come from the branch alone (``pointers.fork_key``, the
-label of the file the branch came from), so two files that merge each other
-in either order, or ``sync``, end with the same rows.
+A fork's key and name come from the branch alone (``pointers._fork_key``
+from where the branch begins, ``starts``; the label of the file the branch
+came from), so two files that merge each other in either order, or
+``sync``, end with the same rows.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from dagsync import bookkeeping
 from dagsync.formats import Table
 from dagsync.merge.core import SourceMerge
 
-__all__ = ["SWAP", "apply", "choose", "families", "family", "plan"]
+__all__ = ["SWAP", "apply", "choose", "families", "family", "plan", "starts", "taken"]
 
 # A verdict in temp.ptr besides pointers' own: the heads diverged and the
 # source's branch is newer: the row moves to the source's head, and the
@@ -107,13 +108,87 @@ def choose(run: SourceMerge, table: Table, fork: int, fast_forward: int) -> None
     )
 
 
+def starts(run: SourceMerge, table: Table, fork: int) -> dict[str, str]:
+    """Where each branch a fork will hold begins: for each ``fork`` or ``SWAP`` row
+    of ``temp.ptr``, the message nearest the root on the forked branch's chain
+    that the kept branch's chain does not hold (in the target's keys).
+
+    A fork is keyed by it, not by the tip: a file that forked the branch at
+    one turn and a file that forked it at a later one then hold the same
+    fork row, which the later tip fast-forwards.
+    """
+    c = run.conn
+    if not run.one(f"SELECT 1 FROM temp.ptr WHERE verdict IN ({fork}, {SWAP}) LIMIT 1"):
+        return {}
+    mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
+    not_root = f"m.{mkey} != '{root}'" if root else "1"
+    c.execute("CREATE TEMP TABLE tchain (key TEXT NOT NULL, msg TEXT, d INTEGER NOT NULL)")
+    c.execute(
+        f"INSERT INTO temp.tchain WITH RECURSIVE up(k, cur, d) AS (SELECT key, t_head, 0 FROM temp.ptr "
+        f"WHERE verdict IN ({fork}, {SWAP}) UNION SELECT up.k, m.{parent}, up.d + 1 FROM up "
+        f"JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}) SELECT k, cur, d FROM up WHERE cur IS NOT NULL"
+    )
+    c.execute("CREATE TEMP TABLE schain (key TEXT NOT NULL, msg TEXT, d INTEGER NOT NULL)")
+    c.execute(
+        f"INSERT INTO temp.schain WITH RECURSIVE up(k, cur, d) AS (SELECT key, s_raw, 0 FROM temp.ptr "
+        f"WHERE verdict IN ({fork}, {SWAP}) UNION SELECT up.k, m.{parent}, up.d + 1 FROM up "
+        f"JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
+        "SELECT up.k, mm.dst, up.d FROM up JOIN temp.msg_map mm ON mm.src = up.cur"
+    )
+    c.execute("CREATE INDEX temp.tchain_key ON tchain (key, msg)")
+    c.execute("CREATE INDEX temp.schain_key ON schain (key, msg)")
+    found = {}
+    for forked, kept, verdict in (("schain", "tchain", fork), ("tchain", "schain", SWAP)):
+        found.update(c.execute(
+            f"SELECT p.key, (SELECT f.msg FROM temp.{forked} f WHERE f.key = p.key AND NOT EXISTS "
+            f"(SELECT 1 FROM temp.{kept} k WHERE k.key = p.key AND k.msg = f.msg) ORDER BY f.d DESC LIMIT 1) "
+            f"FROM temp.ptr p WHERE p.verdict = {verdict}"
+        ).fetchall())  # fmt: skip
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def taken(run: SourceMerge, table: Table, original: str, fork_key: str, tip: str, from_src: bool) -> str:
+    """Whether a row keyed ``fork_key`` is there already, for the fork of ``original``
+    that will hold the branch at ``tip`` (target keys; the source's branch if
+    ``from_src``): ``"free"`` (no such row), ``"behind"`` (its head is on the
+    branch's chain: the fork moves it on), ``"ahead"`` (its chain holds the
+    tip: nothing to add), else ``"other"`` (another branch, parted from this
+    one after the start they share). Call after ``starts``.
+    """
+    c = run.conn
+    name, key, pointer = table.name, table.natural_key[0], table.pointer
+    mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
+    not_root = f"m.{mkey} != '{root}'" if root else "1"
+    in_target = {"main": "{}", "src": "(SELECT dst FROM temp.msg_map WHERE src = {})"}
+    for schema, bound in (("main", ""), ("src", f" AND rowid <= {run.bounds.get(name, 0)}")):
+        for (head,) in c.execute(f'SELECT "{pointer}" FROM {schema}."{name}" WHERE "{key}" = ?{bound}', (fork_key,)):
+            as_target = in_target[schema]
+            chain = "schain" if from_src else "tchain"
+            if run.one(
+                f"SELECT 1 FROM temp.{chain} WHERE key = ? AND msg = {as_target.format('?')}", (original, head)
+            ):
+                return "behind"
+            ahead = run.one(
+                f"WITH RECURSIVE up(cur) AS (SELECT ? UNION SELECT m.{parent} FROM up JOIN {schema}.messages m "
+                f"ON m.{mkey} = up.cur WHERE {not_root}) SELECT 1 FROM up WHERE {as_target.format('up.cur')} = ? LIMIT 1",
+                (head, tip),
+            )
+            return "ahead" if ahead else "other"
+    return "free"
+
+
 def plan(
-    run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]], fast_forward: int, changing: str
+    run: SourceMerge,
+    table: Table,
+    forks: list[tuple[str, str, str, bool, bool]],
+    fast_forward: int,
+    changing: str,
 ) -> None:
     """Where every call of each family the merge changes belongs.
 
     ``forks``: (conversation, fork key, head, whether the head is the
-    source's) for each fork row the merge will add; ``fast_forward``:
+    source's, whether the fork row will point there: not if a row of that
+    key is already further along the branch) for each fork the merge adds; ``fast_forward``:
     pointers' verdict for a row that moves on to the source's head;
     ``changing``: SQL true for the temp.ptr rows whose branches change (a
     fork added, or a fork moved on). Families a row arrives in change too.
@@ -161,9 +236,11 @@ def plan(
         (run.bounds.get(name, 0),),
     )
     # The fork rows this merge adds (a source row of the same key, copied first, is the same row).
+    # (replacing a row of that key behind on the branch, which the fork moves on).
+    c.executemany("DELETE FROM temp.heads WHERE row = ?", [(f,) for _, f, _, _, replace in forks if replace])
     c.executemany(
         f"INSERT INTO temp.heads SELECT {family('?1')}, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?2)",
-        [(k, f, h, int(s)) for k, f, h, s in forks],
+        [(k, f, h, int(s)) for k, f, h, s, _ in forks],
     )
     _chains(run)
     # Each call, in either file, of a conversation in these families: to the row whose chain holds its tip.

@@ -16,7 +16,8 @@ its pointer differs, the merge decides, into ``temp.ptr``:
 
 A fork row is named ``<name> (branch from <label>)``, after the file the
 branch came from (``core.source_label``, or merge's ``--label``), keyed by
-the branch alone (``_fork_key``), and recorded in ``_dagsync_forks``. The
+where the branch begins (``_fork_key``, ``branches.starts``), and recorded in
+``_dagsync_forks``. The
 calls of a forked conversation follow their branch (``branches``). A head is
 never dropped. The candidates in the target are the row itself and its
 forks (recorded, or, in the llm format, any thread ``forked_from`` it), so
@@ -103,6 +104,7 @@ def plan(run: SourceMerge, table: Table) -> None:
     # Where each branch came from: the file holding it, unless a merge brought it there.
     s_origin = origins.label_sql(run, "src", table, "p.key", "p.s_raw")
     t_origin = origins.label_sql(run, "main", table, "p.key", "p.t_head")
+    starts = branches.starts(run, table, FORK)
     planned = []
     for original, verdict, s_head, t_head, s_name, t_name, s_label, t_label in c.execute(
         f"SELECT p.key, p.verdict, p.s_head, p.t_head, s.{named}, t.{named}, {s_origin}, {t_origin} "
@@ -114,15 +116,20 @@ def plan(run: SourceMerge, table: Table) -> None:
             side, head, label = "source", s_head, s_label or run.label
         else:
             side, head, label = "target", t_head, t_label or run.target_label
-        fork_key = _fork_key(original, head)
+        fork_key = _fork_key(original, starts.get(original) or head)
+        held = branches.taken(run, table, original, fork_key, head, verdict == FORK)
+        if held == "other":
+            # Another branch that begins where this one does already has that row
+            # (the two parted later): this one is keyed by its tip.
+            fork_key, held = _fork_key(original, head), "free"
         fork_name = None if named == "NULL" else _fork_name(s_name if verdict == FORK else t_name, label)
         run.forks.append(ForkReport(name, original, fork_key, fork_name, head, side))
-        planned.append((original, fork_key, head, verdict, label))
-    c.executemany("UPDATE temp.ptr SET fork = ?, label = ? WHERE key = ?", [(f, lb, k) for k, f, _, _, lb in planned])
+        planned.append((original, fork_key, head, verdict, label, held))
+    c.executemany("UPDATE temp.ptr SET fork = ?, label = ? WHERE key = ?", [(f, lb, k) for k, f, _, _, lb, _ in planned])
     raw_heads = dict(c.execute("SELECT key, s_raw FROM temp.ptr WHERE verdict = ?", (FORK,)).fetchall())
     branches.plan(
         run, table,
-        [(k, f, raw_heads[k] if v == FORK else h, v == FORK) for k, f, h, v, _ in planned],
+        [(k, f, raw_heads[k] if v == FORK else h, v == FORK, held != "ahead") for k, f, h, v, _, held in planned],
         FAST_FORWARD,
         f"verdict IN ({FORK}, {SWAP}) OR (verdict = {FAST_FORWARD} AND row != key)",
     )  # fmt: skip
@@ -293,6 +300,15 @@ def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_k
     )
     if run.changes():
         run.written[name].forked += 1
+    elif bookkeeping.has(c, "schain", "temp"):
+        # The branch's row is there (copied from the source, or made by an
+        # earlier merge) at an earlier tip of the same branch: it moves on.
+        c.execute(
+            f'UPDATE main."{name}" SET "{pointer}" = ? WHERE "{key}" = ? AND "{pointer}" IS NOT ? '
+            f'AND "{pointer}" IN (SELECT msg FROM temp.{"schain" if schema == "src" else "tchain"} WHERE key = ?)',
+            (head, fork_key, head, original),
+        )
+        run.written[name].updated += run.changes()
     c.execute(
         "INSERT OR IGNORE INTO main._dagsync_forks (pointer_table, key, head, fork_key) VALUES (?, ?, ?, ?)",
         (name, original, head, fork_key),
@@ -301,8 +317,10 @@ def _add_fork(run: SourceMerge, table: Table, schema: str, original: str, fork_k
 
 
 def _fork_key(original: str, head: str) -> str:
-    """The key of the fork of row ``original`` holding the branch at ``head``:
-    the same in every file and every merge of that branch.
+    """The key of the fork of row ``original`` holding the branch that begins
+    at message ``head`` (``branches.starts``; its tip where that key is taken):
+    the same in every file and every merge of that branch, whichever tip the
+    branch had when it was forked.
 
     llm continues (``llm -c``) the thread or conversation with the highest
     id, so a fork sorts just before its original: a ULID one millisecond
