@@ -158,3 +158,66 @@ def test_any_history_of_prompts_merges_and_syncs_converges(history):
             assert calls <= held
             chains = ["/".join(c) for c in conversation_chains(path).values()]
             assert all(any(c == h or c.startswith(h + "/") for c in chains) for h in heads)
+
+
+def go_on(path: Path, clock: Clock, *words: str) -> str:
+    """Continue the first conversation (alpaca) of ``path`` with a user and an assistant
+    message per word, answered alike everywhere (one content, one message in every
+    file); the new head's content path."""
+    with MessageStore.open(path, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+        ((conversation,),) = store.conn.execute("SELECT id FROM conversations WHERE name = 'alpaca'")
+        head = store.conversation_head(conversation)
+        for w in words:
+            head = store.save_chain([say(w, "user"), say(f"re: {w}", "assistant")], starting_parent_id=head)
+        store.advance_conversation(conversation, head)
+    return message_paths(path)[head]
+
+
+def alpaca_heads(path: Path) -> dict[str, str]:
+    """Each alpaca row (the conversation and its forks) -> its head's content path."""
+    paths = message_paths(path)
+    with MessageStore.open(path) as store:
+        return {cid: paths[h] for cid, h in store.conn.execute(
+            "SELECT id, head_message_id FROM conversations WHERE name LIKE 'alpaca%'"
+        )}  # fmt: skip
+
+
+def test_a_fork_row_the_source_left_behind_moves_on_to_the_branch_it_begins():
+    """The source forked the laptop's branch at its first turn and then went on
+    with that branch on the conversation itself; a target whose own branch is
+    newer forks the laptop's branch again. Keyed by where the branch begins,
+    that is the source's fork row: it arrives at the first turn and moves on
+    to the tip, in either direction, and no head is left without a row."""
+    with machines() as (files, clock):
+        laptop, server, third = files
+        hub = third.parent / "hub.db"
+        go_on(laptop, clock, "a")
+        go_on(server, clock, "b")
+        shutil.copyfile(server, hub)
+        merge(hub, [laptop])  # the server's branch is newer: the laptop's is forked at "a"
+        tip = go_on(laptop, clock, "a2")
+        merge(laptop, [hub])  # the laptop's branch is newer: it keeps the conversation; "a"'s fork is left behind
+        assert sorted(alpaca_heads(laptop).values())[-1] == tip
+        newest = go_on(third, clock, "k")
+        one, other = third.parent / "one.db", third.parent / "other.db"
+        shutil.copyfile(third, one)
+        shutil.copyfile(laptop, other)
+        merge(one, [laptop])
+        merge(other, [third])
+        assert pointers_and_calls(one, DAG) == pointers_and_calls(other, DAG)
+        heads = alpaca_heads(one)
+        assert tip in heads.values() and newest in heads.values()
+        assert len(heads) == 3  # the conversation, the server's branch, the laptop's branch: one row each
+
+
+def test_two_branches_that_begin_alike_and_part_later_keep_a_row_each():
+    with machines() as (files, clock):
+        first, second, target = files
+        p = go_on(first, clock, "m", "p")
+        q = go_on(second, clock, "m", "q")
+        k = go_on(target, clock, "k")  # the newest: it keeps the conversation
+        merge(target, [first])
+        merge(target, [second])  # begins with "m" too: that row holds "p", so this fork is keyed by its tip
+        heads = alpaca_heads(target)
+        assert sorted(heads.values()) == sorted([p, q, k])
+        assert integrity(target) == [] and verify(target).problems == ()
