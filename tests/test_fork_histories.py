@@ -23,6 +23,7 @@ forked, and files that forked one branch at different tips keep both rows
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -45,10 +46,15 @@ NAMES = ("laptop", "server", "desk")
 
 
 class Clock:
-    """One clock for every machine: a later step is later everywhere, as on real machines."""
+    """One clock for every machine: a later step is later everywhere, as on real machines;
+    and one seeded source of ids' random parts, so an example replays exactly."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        self.random = random.Random(seed)
+
+    def ids(self) -> UlidFactory:
+        return UlidFactory(clock=self.tick, randbytes=self.random.randbytes)
 
     def tick(self) -> float:
         self.t += timedelta(milliseconds=7)
@@ -71,7 +77,7 @@ def prompt(path: Path, clock: Clock, row: int, words: str) -> tuple[str, str]:
     never make the same tip at different times, for which no order of
     merges can agree on the branch continued last (docs/merge.md, "Forks").
     """
-    with MessageStore.open(path, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+    with MessageStore.open(path, new_id=clock.ids(), now=clock.iso) as store:
         rows = [r for (r,) in store.conn.execute("SELECT id FROM conversations ORDER BY id")]
         conversation = rows[row % len(rows)]
         head = store.conversation_head(conversation)
@@ -86,12 +92,13 @@ def prompt(path: Path, clock: Clock, row: int, words: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def machines() -> Iterator[tuple[list[Path], Clock]]:
-    """Three files holding one history of two conversations, each a machine of its own name."""
-    clock = Clock()
+def machines(seed: int = 0) -> Iterator[tuple[list[Path], Clock]]:
+    """Three files holding one history of two conversations, each a machine of its own name
+    (``seed``: the random parts of ids, which order forks that tie)."""
+    clock = Clock(seed)
     with tempfile.TemporaryDirectory() as d:
         base = Path(d) / "base.db"
-        with MessageStore.open(base, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+        with MessageStore.open(base, new_id=clock.ids(), now=clock.iso) as store:
             for topic in ("alpaca", "zeppelin"):
                 head = store.save_chain([say("be terse", "system"), say(topic, "user"), say(f"re: {topic}", "assistant")])
                 conversation = store.start_conversation(topic, "echo", head)
@@ -128,10 +135,10 @@ THREE_MACHINES = [("prompt", 0, 0, 1), ("prompt", 1, 0, 2), ("merge", 2, 1), ("m
 
 
 @settings(max_examples=25, deadline=None)
-@given(history=steps)
-@example(history=THREE_MACHINES)
-def test_any_history_of_prompts_merges_and_syncs_converges(history):
-    with machines() as (files, clock):
+@given(history=steps, seed=st.integers(0, 2**32))
+@example(history=THREE_MACHINES, seed=0)
+def test_any_history_of_prompts_merges_and_syncs_converges(history, seed):
+    with machines(seed) as (files, clock):
         calls, heads = set(), set()
         for step in history:
             if step[0] == "prompt":
@@ -164,7 +171,7 @@ def go_on(path: Path, clock: Clock, *words: str) -> str:
     """Continue the first conversation (alpaca) of ``path`` with a user and an assistant
     message per word, answered alike everywhere (one content, one message in every
     file); the new head's content path."""
-    with MessageStore.open(path, new_id=UlidFactory(clock=clock.tick), now=clock.iso) as store:
+    with MessageStore.open(path, new_id=clock.ids(), now=clock.iso) as store:
         ((conversation,),) = store.conn.execute("SELECT id FROM conversations WHERE name = 'alpaca'")
         head = store.conversation_head(conversation)
         for w in words:
