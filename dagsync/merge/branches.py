@@ -23,8 +23,9 @@ a fork something llm can continue:
   the turns it had when a later fork of the same branch arrives, so both
   stay rows llm can continue), then the least key. A fork whose head the
   conversation's own chain went on to hold (the conversation continued
-  that branch in a file that never saw the fork) holds no calls. ``temp.branch`` says where source calls go when they are copied
-  or compared, ``temp.tmove`` which target calls move (``apply``).
+  that branch in a file that never saw the fork) holds no calls.
+  ``temp.branch`` says where source calls go when they are copied or
+  compared, ``temp.tmove`` which target calls move (``apply``).
 * **Calls are placed again wherever a family changes**: a fork added, a
   fork moved on, or a row of the family arriving from the source. The same
   family in two files then holds the same calls on the same rows, however
@@ -188,8 +189,9 @@ def plan(
 
     ``forks``: (conversation, fork key, head, whether the head is the
     source's, whether the fork row will point there: not if a row of that
-    key is already further along the branch) for each fork the merge adds; ``fast_forward``:
-    pointers' verdict for a row that moves on to the source's head;
+    key is already further along the branch) for each fork the merge adds;
+    ``fast_forward``: pointers' verdict for a row that moves on to the
+    source's head;
     ``changing``: SQL true for the temp.ptr rows whose branches change (a
     fork added, or a fork moved on). Families a row arrives in change too.
     The others keep every branch where it is: their calls are compared
@@ -235,8 +237,9 @@ def plan(
         f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE t."{key}" = m.row)',
         (run.bounds.get(name, 0),),
     )
-    # The fork rows this merge adds (a source row of the same key, copied first, is the same row).
-    # (replacing a row of that key behind on the branch, which the fork moves on).
+    # The fork rows this merge adds: a row of that key behind on the branch (copied
+    # from the source first, or the target's) is the same row, moved on; one further
+    # along keeps its head.
     c.executemany("DELETE FROM temp.heads WHERE row = ?", [(f,) for _, f, _, _, replace in forks if replace])
     c.executemany(
         f"INSERT INTO temp.heads SELECT {family('?1')}, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?2)",
