@@ -81,6 +81,7 @@ def families(run: SourceMerge, table: Table) -> None:
         )
         if not run.changes():
             break
+    c.execute("CREATE INDEX temp.fam_original ON fam (original)")
     run.families = True
 
 
@@ -220,15 +221,18 @@ def plan(
     c.execute("INSERT OR IGNORE INTO temp.members SELECT r.key, f.row FROM temp.replan r JOIN temp.fam f ON f.original = r.key")
     c.execute(f"INSERT OR IGNORE INTO temp.members SELECT {family('key')}, fork FROM temp.ptr WHERE fork IS NOT NULL")
     c.execute("CREATE TEMP TABLE heads (key TEXT NOT NULL, row TEXT NOT NULL, head TEXT, from_src INTEGER NOT NULL)")
+    c.execute("CREATE INDEX temp.heads_row ON heads (row)")
     # A row the target has: where the merge moves it (itself, a swap, or a fork of it
-    # fast-forwarded), else where it is.
-    moved = (
-        f"(SELECT p.s_raw FROM temp.ptr p WHERE (p.key = m.row AND (p.verdict = {SWAP} OR "
-        f"(p.verdict = {fast_forward} AND p.row = p.key))) OR (p.verdict = {fast_forward} AND p.row = m.row) LIMIT 1)"
-    )
+    # fast-forwarded: temp.moves), else where it is.
+    c.execute("CREATE TEMP TABLE moves (row TEXT PRIMARY KEY, head TEXT) WITHOUT ROWID")
     c.execute(
-        f'INSERT INTO temp.heads SELECT m.key, m.row, coalesce({moved}, t."{pointer}"), {moved} IS NOT NULL '
-        f'FROM temp.members m JOIN main."{name}" t ON t."{key}" = m.row'
+        f"INSERT OR IGNORE INTO temp.moves SELECT key, s_raw FROM temp.ptr "
+        f"WHERE verdict = {SWAP} OR (verdict = {fast_forward} AND row = key)"
+    )
+    c.execute(f"INSERT OR IGNORE INTO temp.moves SELECT row, s_raw FROM temp.ptr WHERE verdict = {fast_forward}")
+    c.execute(
+        f'INSERT INTO temp.heads SELECT m.key, m.row, coalesce(v.head, t."{pointer}"), v.row IS NOT NULL '
+        f'FROM temp.members m JOIN main."{name}" t ON t."{key}" = m.row LEFT JOIN temp.moves v ON v.row = m.row'
     )
     # A row arriving from the source: where the source has it.
     c.execute(
