@@ -205,9 +205,15 @@ def test_a_branch_forked_at_two_points_on_two_paths_merges_and_converges(tmp_pat
     llm(lap, "-m", "echo", "-c", "the laptop goes on about the alpaca")  # on the thread, in its own file
     dagsync("merge", str(desk), str(lap))
     dagsync("merge", str(desk), str(hub))
-    assert written(dagsync("sync", str(hub), str(desk))) > 0
+    report = dagsync("sync", str(hub), str(desk))
+    assert written(report) > 0
     for sql in (THREADS, TURNS):
         assert rows(hub / "logs.db", sql) == rows(desk / "logs.db", sql)
+    # The report names each fork as its row is named (a row that arrived keeps its name).
+    named = dict(rows(hub / "logs.db", "SELECT id, name FROM threads"))
+    assert [(f["fork"], f["name"]) for f in report["into_a"]["sources"][0]["forks"]] == [
+        (f["fork"], named[f["fork"]]) for f in report["into_a"]["sources"][0]["forks"]
+    ] != []
     assert written(dagsync("sync", str(hub), str(desk))) == 0
     for home in (hub, desk):
         assert LogStore(sqlite_utils.Database(home / "logs.db")).verify() == []

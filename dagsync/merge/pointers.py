@@ -123,6 +123,13 @@ def plan(run: SourceMerge, table: Table) -> None:
             # (the two parted later): this one is keyed by its tip.
             fork_key, held = _fork_key(original, head), "free"
         fork_name = None if named == "NULL" else _fork_name(s_name if verdict == FORK else t_name, label)
+        if held != "free" and fork_name is not None:
+            # The branch's row is there already (this file's, or arriving from the source): its name stays.
+            fork_name = run.one(
+                f'SELECT "name" FROM main."{name}" WHERE "{key}" = ?1 '
+                f'UNION ALL SELECT "name" FROM src."{name}" WHERE "{key}" = ?1 LIMIT 1',
+                (fork_key,),
+            ) or fork_name
         run.forks.append(ForkReport(name, original, fork_key, fork_name, head, side))
         planned.append((original, fork_key, head, verdict, label, held))
     c.executemany("UPDATE temp.ptr SET fork = ?, label = ? WHERE key = ?", [(f, lb, k) for k, f, _, _, lb, _ in planned])
