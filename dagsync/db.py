@@ -382,6 +382,12 @@ class SourceChecks:
         if self._failure is not None:
             raise self._failure
 
+    def join(self) -> None:
+        """Block until the checks have stopped, raising nothing: for a caller that
+        fails before it waits (its own error says more), so no thread reads the
+        sources after it has returned."""
+        self._thread.join()
+
 
 def open_unchecked_source(path: str | os.PathLike[str]) -> Database:
     """``open_source`` without its quick_check, for a caller that runs ``SourceChecks``.

@@ -105,14 +105,18 @@ def merge(
     # An empty file is a target whose creation was interrupted: create it again.
     created = not target.exists() or target.stat().st_size == 0
     scratch = None
-    if created and dry_run:
-        # Plan against an empty database of the right format, then throw it away.
-        scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
-        target_db = open_target(Path(scratch) / "target.db", create=formats[0])
-    elif created:
-        target_db = open_target(target, create=formats[0])
-    else:
-        target_db = open_target(target)
+    try:
+        if created and dry_run:
+            # Plan against an empty database of the right format, then throw it away.
+            scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
+            target_db = open_target(Path(scratch) / "target.db", create=formats[0])
+        elif created:
+            target_db = open_target(target, create=formats[0])
+        else:
+            target_db = open_target(target)
+    except BaseException:
+        checks.join()  # no thread goes on reading the sources after merge has failed
+        raise
     writer = Writer(target_db.conn, progress, dry_run=dry_run)
     reports: list[SourceReport] = []
     try:
