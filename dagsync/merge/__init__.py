@@ -131,6 +131,7 @@ def merge(
             with bookkeeping.merging(target_db.path) if not dry_run else contextlib.nullcontext():
                 reports.append(_merge_source(target_db, path, checks, writer, (label, target_label)))
     except BaseException:
+        checks.join()
         target_db.close()
         if created and not dry_run and not any(r.written for r in reports):
             _remove_database(target)
