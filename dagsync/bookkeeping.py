@@ -48,6 +48,32 @@ CREATE TABLE IF NOT EXISTS _dagsync_origins (
 -- When gc first found a row unreachable (a message with no time of its own)
 -- or unreferenced (a shared row such as a fragment): gc deletes it only once
 -- the grace period has passed since. A row reachable again is dropped from here.
+-- How far this file has merged each source (merge.marks): the source's
+-- identity, and, per table, the highest rowid merged and the key of the row
+-- there; a later merge of it reads only what lies beyond (merge.delta).
+CREATE TABLE IF NOT EXISTS _dagsync_sources (
+    id INTEGER PRIMARY KEY,
+    identity TEXT NOT NULL,  -- merge.marks.identity
+    path TEXT, label TEXT, merged_at TEXT,
+    rewritten TEXT  -- the file's own 'rewritten' stamp the marks were made under
+);
+CREATE INDEX IF NOT EXISTS _dagsync_sources_identity ON _dagsync_sources (identity);
+CREATE TABLE IF NOT EXISTS _dagsync_marks (
+    source INTEGER NOT NULL,
+    tbl TEXT NOT NULL,
+    mark INTEGER NOT NULL,
+    mark_key TEXT,
+    PRIMARY KEY (source, tbl)
+) WITHOUT ROWID;
+-- Each pointer row of a source (thread tip, conversation head) as last
+-- merged: the one kind of row llm changes in place, which a mark cannot cover.
+CREATE TABLE IF NOT EXISTS _dagsync_mark_pointers (
+    source INTEGER NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    head TEXT,
+    PRIMARY KEY (source, tbl, key)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
     tbl TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -60,6 +86,16 @@ CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
 def ensure(conn: apsw.Connection) -> None:
     """Create the bookkeeping tables if missing. Call inside a write transaction."""
     conn.execute(DDL)
+
+
+def rewritten(conn: apsw.Connection, by: str) -> None:
+    """Record that ``by`` (gc, canonicalise, unpack) deleted or rewrote rows of
+    this file: marks made before no longer hold (merge.marks). Call inside the
+    write transaction that does it. A file that holds no marks gets nothing."""
+    if not has(conn, "_dagsync_sources"):
+        return
+    stamp = f"{by} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    conn.execute("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES ('rewritten', ?)", (stamp,))
 
 
 def has(conn: apsw.Connection, table: str, schema: str = "main") -> bool:

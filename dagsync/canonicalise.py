@@ -129,6 +129,7 @@ def _canonicalise(writer: Writer, path: str, dry_run: bool, planned: list[Canoni
             if collapsed:
                 with writer.transaction():
                     bookkeeping.ensure(c)
+                    bookkeeping.rewritten(c, "canonicalise")
             # Parents' losers before children's, a chunk per transaction.
             for low, high in writer.ranges("temp.losers", "seq", writes=True):
                 with writer.transaction():

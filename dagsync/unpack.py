@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dagsync import faults
+from dagsync import bookkeeping, faults
 from dagsync.db import Database, open_target
 from dagsync.errors import BlobError, DagsyncError
 from dagsync.formats import PackedColumn
@@ -91,6 +91,7 @@ def unpack(
                         if any(conn.execute(f'SELECT 1 FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')):
                             raise DagsyncError(f"{path} gained packed rows while unpacking; run unpack again")
                     conn.execute("DROP TABLE blobs; DROP TABLE blob_dicts")
+                    bookkeeping.rewritten(conn, "unpack")
                     conn.execute("DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict')")
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return UnpackReport(

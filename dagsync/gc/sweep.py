@@ -42,6 +42,7 @@ def sweep(run: GcRun) -> None:
             _delete_owned(run, run.messages, where)
             run.delete(run.messages.name, where)
             if not run.dry_run:
+                bookkeeping.rewritten(run.conn, "gc")
                 if MESSAGE_MAP in run.present:
                     run.conn.execute(f"DELETE FROM main.{MESSAGE_MAP} WHERE target_id IN (SELECT key FROM temp.gc_chunk)")
                 if run.has_seen_table():
@@ -183,6 +184,8 @@ def sweep_shared(run: GcRun) -> None:
                     if run.one("SELECT count(*) FROM temp.gc_dep_chunk") != before:
                         run.kept_back = True
                 run.delete(table.name, f't."{pk}" IN (SELECT key FROM temp.gc_dep_chunk)', table.columns)
+                if not run.dry_run:
+                    bookkeeping.rewritten(run.conn, "gc")
                 if not run.dry_run and run.has_seen_table():
                     run.conn.execute(
                         f"DELETE FROM main.{SEEN} WHERE tbl = ? AND key IN "

@@ -38,16 +38,17 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from types import ModuleType
 
 import apsw
 
-from dagsync import blobs, bookkeeping, faults, transactions
+from dagsync import blobs, bookkeeping, faults, packed, transactions
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.formats import Key, Table
-from dagsync.merge import derived, integer, keyed, messages, owned, pointers, proofs
+from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 from dagsync.merge.references import check_dangling
 from dagsync.merge.report import MergeReport, SourceReport, TableReport
@@ -71,8 +72,13 @@ def merge(
     progress: Progress | None = None,
     label: str | None = None,
     target_label: str | None = None,
+    full: bool = False,
 ) -> MergeReport:
     """Merge each source into ``target``, in order; create ``target`` if it does not exist.
+
+    A source merged before is read from the target's marks (``marks``): only
+    what lies beyond them (``delta``), after proving they hold; else, or
+    with ``full``, whole. Either way the target ends the same.
 
     A fork row for a pointer that diverged is named after where its branch
     came from (``origins``): the file that holds it, called ``label`` (a
@@ -101,23 +107,18 @@ def merge(
             raise DagsyncError(f"{path} is the target itself; give another file as the source")
         with open_unchecked_source(path) as src:
             formats.append(src.format)
-    checks = SourceChecks(source_paths)
     # An empty file is a target whose creation was interrupted: create it again.
     created = not target.exists() or target.stat().st_size == 0
     scratch = None
-    try:
-        if created and dry_run:
-            # Plan against an empty database of the right format, then throw it away.
-            scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
-            target_db = open_target(Path(scratch) / "target.db", create=formats[0])
-        elif created:
-            target_db = open_target(target, create=formats[0])
-        else:
-            target_db = open_target(target)
-    except BaseException:
-        checks.join()  # no thread goes on reading the sources after merge has failed
-        raise
-    writer = Writer(target_db.conn, progress, dry_run=dry_run)
+    if created and dry_run:
+        # Plan against an empty database of the right format, then throw it away.
+        scratch = tempfile.mkdtemp(prefix="dagsync-dry-run-")
+        target_db = open_target(Path(scratch) / "target.db", create=formats[0])
+    elif created:
+        target_db = open_target(target, create=formats[0])
+    else:
+        target_db = open_target(target)
+    checks = None
     reports: list[SourceReport] = []
     try:
         for path, fmt in zip(source_paths, formats, strict=True):
@@ -126,12 +127,23 @@ def merge(
                     f"{path} is in the {fmt.name} format but {target} is in the "
                     f"{target_db.format.name} format; dagsync merges files of the same format"
                 )
+        full_because = "a new target" if created else "--full" if full else None
+        decisions = [_decide(target_db, path, full_because) for path in source_paths]
+        # Every source read whole is checked before anything is written to the
+        # target, so a bad one late in the list cannot leave it half-merged: the
+        # tables now, every page (quick_check) in the background while the first
+        # source is planned; nothing is written before both are done. A source
+        # read from its marks is read only beyond them, every row proven by its key.
+        checks = SourceChecks([p for p, d in zip(source_paths, decisions, strict=True) if not d.incremental])
+        writer = Writer(target_db.conn, progress, dry_run=dry_run)
+        for path, decision in zip(source_paths, decisions, strict=True):
             # Marked from before the plan (which maps rows onto the target's) to
             # the end of the copy, so a gc beside it waits (bookkeeping.merging).
             with bookkeeping.merging(target_db.path) if not dry_run else contextlib.nullcontext():
-                reports.append(_merge_source(target_db, path, checks, writer, (label, target_label)))
+                reports.append(_merge_source(target_db, path, decision, checks, writer, (label, target_label)))
     except BaseException:
-        checks.join()
+        if checks is not None:
+            checks.join()  # no thread goes on reading the sources after merge has failed
         target_db.close()
         if created and not dry_run and not any(r.written for r in reports):
             _remove_database(target)
@@ -150,38 +162,110 @@ def _remove_database(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def _decide(target: Database, source: Path, full_because: str | None) -> marks.Decision:
+    """Whether ``source`` is read from the target's marks, or whole and why."""
+    conn = target.conn
+    uri = "file:" + urllib.parse.quote(str(source.resolve())) + "?mode=ro"
+    conn.execute("ATTACH DATABASE ? AS src", (uri,))
+    try:
+        present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
+        ident = marks.identity(conn, target.format)
+        if full_because:
+            return marks.Decision(ident, why_full=full_because)
+        if packed.is_packed(conn, "src"):
+            return marks.Decision(ident, why_full="a packed source is read whole")
+        conn.execute("BEGIN")
+        try:
+            return marks.decide(conn, target.format, source, present)
+        finally:
+            conn.execute("COMMIT")
+    finally:
+        conn.execute("DETACH DATABASE src")
+
+
 def _merge_source(
-    target: Database, source: Path, checks: SourceChecks, writer: Writer, labels: tuple[str | None, str | None]
+    target: Database,
+    source: Path,
+    decision: marks.Decision,
+    checks: SourceChecks,
+    writer: Writer,
+    labels: tuple[str | None, str | None],
 ) -> SourceReport:
     """One source into the target: plan, check, apply; planned again if the apply was cut short."""
-    for attempt in range(1, ATTEMPTS + 1):
-        run = SourceMerge(target, source, writer, *labels)
-        try:
-            return _attempt(run, checks)
-        except OpenedMeanwhile:
-            # A process opened the target in the middle of a long transaction,
-            # which was rolled back for its sake; what was committed before is
-            # consistent. Plan again from the files, and write politely from
-            # now on (the file stays marked as opened by another: once only).
-            if attempt == ATTEMPTS:
-                raise DagsyncError(
-                    f"another process kept opening {target.path} during the merge of {source}; "
-                    "everything merged so far is consistent - run the merge again"
-                ) from None
-        except apsw.ConstraintError as exc:
-            # Someone wrote a colliding row between plan and apply; every
-            # commit so far is consistent, so plan again from the files.
-            if attempt == ATTEMPTS:
-                raise DagsyncError(
-                    f"merging {source} into {target.path} kept colliding with rows written "
-                    f"meanwhile ({exc}); everything merged so far is consistent - run the merge again"
-                ) from exc
-        finally:
-            run.detach()
+    scratch = tempfile.mkdtemp(prefix="dagsync-delta-") if decision.incremental else None
+    try:
+        for attempt in range(1, ATTEMPTS + 1):
+            report = _try_source(target, source, decision, checks, writer, labels, attempt, scratch)
+            if report is not None:
+                return report
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     raise AssertionError("unreachable")
 
 
-def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
+def _try_source(
+    target: Database,
+    source: Path,
+    decision: marks.Decision,
+    checks: SourceChecks,
+    writer: Writer,
+    labels: tuple[str | None, str | None],
+    attempt: int,
+    scratch: str | None,
+) -> SourceReport | None:
+    """One attempt at one source; None when it must be planned again."""
+    after = None
+    if scratch is not None:
+        # What lies beyond the marks, read afresh on every attempt.
+        file = Path(scratch) / f"delta-{attempt}.db"
+        after = _extract(target, source, decision, file)
+        run = SourceMerge(target, source, writer, *labels, file=file, thin=True)
+    else:
+        run = SourceMerge(target, source, writer, *labels)
+        run.full_because = decision.why_full
+    try:
+        return _attempt(run, checks, decision, after)
+    except OpenedMeanwhile:
+        # A process opened the target in the middle of a long transaction,
+        # which was rolled back for its sake; what was committed before is
+        # consistent. Plan again from the files, and write politely from
+        # now on (the file stays marked as opened by another: once only).
+        if attempt == ATTEMPTS:
+            raise DagsyncError(
+                f"another process kept opening {target.path} during the merge of {source}; "
+                "everything merged so far is consistent - run the merge again"
+            ) from None
+    except apsw.ConstraintError as exc:
+        # Someone wrote a colliding row between plan and apply; every
+        # commit so far is consistent, so plan again from the files.
+        if attempt == ATTEMPTS:
+            raise DagsyncError(
+                f"merging {source} into {target.path} kept colliding with rows written "
+                f"meanwhile ({exc}); everything merged so far is consistent - run the merge again"
+            ) from exc
+    finally:
+        run.detach()
+    return None
+
+
+def _extract(target: Database, source: Path, decision: marks.Decision, file: Path) -> dict[str, tuple[int, str | None]]:
+    """Write what ``source`` holds beyond its marks to ``file``; the source's marks now."""
+    conn = target.conn
+    uri = "file:" + urllib.parse.quote(str(source.resolve())) + "?mode=ro"
+    conn.execute("ATTACH DATABASE ? AS src", (uri,))
+    try:
+        present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
+        assert decision.marks is not None
+        after, _ = delta.extract(conn, target.format, decision.marks, present, file)
+        return after
+    finally:
+        conn.execute("DETACH DATABASE src")
+
+
+def _attempt(
+    run: SourceMerge, checks: SourceChecks, decision: marks.Decision, after: dict[str, tuple[int, str | None]] | None
+) -> SourceReport:
     """Check, plan every table in reference order, apply in the same order, report."""
     message_proofs = role_conflicts = None
     try:
@@ -228,6 +312,7 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
                 # A packed target stays packed: what arrived inline is packed with
                 # the target's settings, blobs the source has copied by key.
                 blobs.pack_new_rows(run.db, run.writer, source_schema="src" if run.source_packed else None)
+            _record_marks(run, decision, after)
         if message_proofs is not None:
             message_proofs.wait()  # had nothing been committed, it would not have been waited for
         message_proofs = None
@@ -243,6 +328,19 @@ def _attempt(run: SourceMerge, checks: SourceChecks) -> SourceReport:
         counts = run.counts[name]
         counts.added, counts.updated, counts.forked, counts.moved = done.added, done.updated, done.forked, done.moved
     return run.report()
+
+
+def _record_marks(run: SourceMerge, decision: marks.Decision, after: dict[str, tuple[int, str | None]] | None) -> None:
+    """Record how far the target has now merged the source, in the merge's last
+    transaction; nothing when an incremental merge found nothing new."""
+    now = after if after is not None else run.taken
+    assert now is not None
+    if decision.marks is not None and now == decision.marks.tables and not any(
+        run.one(f'SELECT 1 FROM src."{t.name}" LIMIT 1') for t in run.order if t.pointer
+    ):
+        return
+    with run.writer.transaction():
+        marks.save(run.conn, run.fmt, decision, run.source, run.label, now, "src")
 
 
 def _kind(table: Table) -> ModuleType:

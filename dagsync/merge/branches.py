@@ -42,6 +42,7 @@ from __future__ import annotations
 from dagsync import bookkeeping
 from dagsync.formats import Table
 from dagsync.merge.core import SourceMerge
+from dagsync.merge.chains import in_target, step_up
 
 __all__ = ["SWAP", "apply", "choose", "families", "family", "plan", "starts", "taken"]
 
@@ -104,9 +105,13 @@ def choose(run: SourceMerge, table: Table, fork: int, fast_forward: int) -> None
             f'WHERE "{tip}" = ptr.{head}{within})'
         )
 
+    source = latest("src", "s_raw")
+    if run.thin:
+        # A thin source's tip may be a message merged before, with its time in the target.
+        source = f"max({source}, {latest('main', 's_head')})"
     run.conn.execute(
         f"UPDATE temp.ptr SET verdict = {SWAP} WHERE (verdict = {fork} OR (verdict = {fast_forward} "
-        f"AND row != key)) AND ({latest('src', 's_raw')}, s_head) > ({latest('main', 't_head')}, t_head)"
+        f"AND row != key)) AND ({source}, s_head) > ({latest('main', 't_head')}, t_head)"
     )
 
 
@@ -131,11 +136,11 @@ def starts(run: SourceMerge, table: Table, fork: int) -> dict[str, str]:
         f"JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}) SELECT k, cur, d FROM up WHERE cur IS NOT NULL"
     )
     c.execute("CREATE TEMP TABLE schain (key TEXT NOT NULL, msg TEXT, d INTEGER NOT NULL)")
+    follow, above = step_up(run)
     c.execute(
         f"INSERT INTO temp.schain WITH RECURSIVE up(k, cur, d) AS (SELECT key, s_raw, 0 FROM temp.ptr "
-        f"WHERE verdict IN ({fork}, {SWAP}) UNION SELECT up.k, m.{parent}, up.d + 1 FROM up "
-        f"JOIN src.messages m ON m.{mkey} = up.cur WHERE {not_root}) "
-        "SELECT up.k, mm.dst, up.d FROM up JOIN temp.msg_map mm ON mm.src = up.cur"
+        f"WHERE verdict IN ({fork}, {SWAP}) UNION SELECT up.k, {above}, up.d + 1 FROM up {follow}) "
+        f"SELECT k, msg, d FROM (SELECT up.k, {in_target(run, 'up.cur')} AS msg, up.d FROM up) WHERE msg IS NOT NULL"
     )
     c.execute("CREATE INDEX temp.tchain_key ON tchain (key, msg)")
     c.execute("CREATE INDEX temp.schain_key ON schain (key, msg)")
@@ -161,18 +166,19 @@ def taken(run: SourceMerge, table: Table, original: str, fork_key: str, tip: str
     name, key, pointer = table.name, table.natural_key[0], table.pointer
     mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
     not_root = f"m.{mkey} != '{root}'" if root else "1"
-    in_target = {"main": "{}", "src": "(SELECT dst FROM temp.msg_map WHERE src = {})"}
     for schema, bound in (("main", ""), ("src", f" AND rowid <= {run.bounds.get(name, 0)}")):
         for (head,) in c.execute(f'SELECT "{pointer}" FROM {schema}."{name}" WHERE "{key}" = ?{bound}', (fork_key,)):
-            as_target = in_target[schema]
             chain = "schain" if from_src else "tchain"
-            if run.one(
-                f"SELECT 1 FROM temp.{chain} WHERE key = ? AND msg = {as_target.format('?')}", (original, head)
-            ):
+            if schema == "main":
+                held, follow, above = "?2", f"JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}", f"m.{parent}"
+                here = "up.cur"
+            else:
+                (follow, above), held, here = step_up(run), in_target(run, "?2"), in_target(run, "up.cur")
+            if run.one(f"SELECT 1 FROM temp.{chain} WHERE key = ?1 AND msg = {held}", (original, head)):
                 return "behind"
             ahead = run.one(
-                f"WITH RECURSIVE up(cur) AS (SELECT ? UNION SELECT m.{parent} FROM up JOIN {schema}.messages m "
-                f"ON m.{mkey} = up.cur WHERE {not_root}) SELECT 1 FROM up WHERE {as_target.format('up.cur')} = ? LIMIT 1",
+                f"WITH RECURSIVE up(cur) AS (SELECT ?1 UNION SELECT {above} FROM up {follow}) "
+                f"SELECT 1 FROM up WHERE {here} = ?2 LIMIT 1",
                 (head, tip),
             )
             return "ahead" if ahead else "other"
@@ -286,11 +292,12 @@ def _chains(run: SourceMerge) -> None:
         f"UNION SELECT up.key, up.row, m.{parent} FROM up JOIN main.messages m ON m.{mkey} = up.cur "
         f"WHERE {not_root}) SELECT key, row, cur FROM up"
     )
+    follow, above = step_up(run)
     c.execute(
         f"INSERT INTO temp.bchain WITH RECURSIVE up(key, row, cur) AS ("
         f"SELECT key, row, head FROM temp.heads WHERE from_src AND head IS NOT NULL "
-        f"UNION SELECT up.key, up.row, m.{parent} FROM up JOIN src.messages m ON m.{mkey} = up.cur "
-        f"WHERE {not_root}) SELECT up.key, up.row, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur"
+        f"UNION SELECT up.key, up.row, {above} FROM up {follow}) "
+        f"SELECT key, row, msg FROM (SELECT up.key, up.row, {in_target(run, 'up.cur')} AS msg FROM up) WHERE msg IS NOT NULL"
     )
     c.execute("CREATE INDEX temp.bchain_key ON bchain (key, msg)")
     c.execute("CREATE TEMP TABLE depth (key TEXT NOT NULL, row TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key, row))")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dagsync import packed
+from dagsync.merge import marks
 from dagsync.db import Database
 from dagsync.errors import MergeConflict
 from dagsync.formats import Format, Key, Table
@@ -31,13 +32,16 @@ from dagsync.merge.report import Counts, ForkReport, SourceReport, TableReport
 from dagsync.store import UlidFactory
 from dagsync.writer import Writer
 
-__all__ = ["MAX_CONFLICTS_SHOWN", "MESSAGE_KEYS", "TOP", "SourceMerge", "quoted"]
+__all__ = ["BOUNDARY", "MAX_CONFLICTS_SHOWN", "MESSAGE_KEYS", "TOP", "SourceMerge", "quoted"]
 
 # The tables that hold the message DAG, however keyed.
 MESSAGE_KEYS = (Key.DAG_MESSAGE, Key.HASH_MESSAGE)
 # In temp tables a chain's start has parent 'root': the dag format's sentinel,
 # and the llm format's NULL parent (its hashes all start "b2:").
 TOP = "root"
+# A kind in temp.msg_map besides messages' own: a message a thin source refers
+# to without holding it, which the target has (messages._boundary).
+BOUNDARY = 3
 MAX_CONFLICTS_SHOWN = 10
 
 
@@ -63,12 +67,27 @@ class SourceMerge:
     """One source into one target: what planning and writing share."""
 
     def __init__(
-        self, target: Database, source: Path, writer: Writer, label: str | None = None, target_label: str | None = None
+        self,
+        target: Database,
+        source: Path,
+        writer: Writer,
+        label: str | None = None,
+        target_label: str | None = None,
+        *,
+        file: Path | None = None,
+        thin: bool = False,
     ) -> None:
         self.db = target
         self.conn = target.conn
         self.fmt: Format = target.format
-        self.source = source
+        self.source = source  # what errors and the report name
+        # The file read: the source, or the delta of it that an incremental merge
+        # reads (merge.delta), which is thin: what it refers to may be in the target alone.
+        self.file = file or source
+        self.thin = thin
+        # The source's marks as this merge read it (merge.marks.taken); None for a delta.
+        self.taken: dict[str, tuple[int, str | None]] | None = None
+        self.full_because: str | None = None  # why the source is read whole (merge.marks.decide)
         self.label = label or source_label(source)
         self.target_label = target_label or source_label(target.path)
         self.forks: list[ForkReport] = []  # fork rows written (pointers.apply)
@@ -85,6 +104,7 @@ class SourceMerge:
         self.attached = False
         self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
         self.moved = 0  # source messages mapped onto another row (messages.plan)
+        self.boundary = 0  # messages a thin source refers to and the target holds (messages.plan)
         # New rows whose references resolve nowhere, by table, where a plan counted them.
         self.dangling_counted: dict[str, int] = {}
         self.bounds: dict[str, int] = {}
@@ -95,7 +115,7 @@ class SourceMerge:
     # -- the attached source -------------------------------------------------------
 
     def attach(self) -> None:
-        uri = "file:" + urllib.parse.quote(str(self.source.resolve())) + "?mode=ro"
+        uri = "file:" + urllib.parse.quote(str(self.file.resolve())) + "?mode=ro"
         self.conn.execute("ATTACH DATABASE ? AS src", (uri,))
         self.attached = True
         self.source_tables = {
@@ -108,9 +128,13 @@ class SourceMerge:
         # Every read of the source stops at these rowids (see the module docstring).
         self.conn.execute("BEGIN")
         try:
-            for table in self.fmt.merge_order:
-                if table.name in self.source_tables:
-                    self.bounds[table.name] = self.one(f'SELECT coalesce(max(rowid), 0) FROM src."{table.name}"')
+            if self.thin:
+                for table in self.fmt.merge_order:
+                    if table.name in self.source_tables:
+                        self.bounds[table.name] = self.one(f'SELECT coalesce(max(rowid), 0) FROM src."{table.name}"')
+            else:
+                self.taken = marks.taken(self.conn, self.fmt, "src", self.source_tables)
+                self.bounds = {name: high for name, (high, _) in self.taken.items()}
         except BaseException:
             # An I/O error has rolled the read back already.
             if self.conn.in_transaction:
@@ -190,4 +214,6 @@ class SourceMerge:
             for name, c in self.counts.items()
             if self.present(self.fmt.table(name))
         )
-        return SourceReport(str(self.source), self.fmt.name, tables, tuple(self.forks), self.label)
+        return SourceReport(
+            str(self.source), self.fmt.name, tables, tuple(self.forks), self.label, self.thin, self.full_because
+        )

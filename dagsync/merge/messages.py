@@ -34,11 +34,12 @@ from dagsync import bookkeeping
 from dagsync.errors import DamagedSource
 from dagsync.formats import Key, Table
 from dagsync.merge.owned import copy as copy_owned
-from dagsync.merge.core import MAX_CONFLICTS_SHOWN, TOP, SourceMerge
+from dagsync.merge.core import BOUNDARY, MAX_CONFLICTS_SHOWN, TOP, SourceMerge
 
-__all__ = ["MAPPED", "NEW", "SAME", "apply", "plan"]
+__all__ = ["BOUNDARY", "MAPPED", "NEW", "SAME", "apply", "plan"]
 
-# Message kinds in temp.msg_map.
+# Message kinds in temp.msg_map; and BOUNDARY (core): a message a thin
+# source (merge.delta) refers to without holding it, found in the target.
 SAME, MAPPED, NEW = 0, 1, 2
 
 
@@ -66,6 +67,8 @@ def plan(run: SourceMerge, table: Table) -> None:
     """Map every source message onto the target, parents before children."""
     _read_source(run, table)
     _settle_unchanged(run, table)
+    if run.thin:
+        _boundary(run, table)
     total = run.one("SELECT count(*) FROM temp.src_msg")
     settled = _rounds(run, table, total)
     _refuse_unreached(run, total)
@@ -76,7 +79,7 @@ def plan(run: SourceMerge, table: Table) -> None:
             counts.added = n
         elif kind == MAPPED:
             counts.mapped = n
-        else:
+        elif kind == SAME:
             counts.existing = n
 
 
@@ -124,6 +127,39 @@ def _settle_unchanged(run: SourceMerge, table: Table) -> None:
             "ORDER BY s.id",
             (low, high),
         )
+
+
+def _boundary(run: SourceMerge, table: Table) -> None:
+    """A thin source's references to messages it does not hold (a parent, a
+    tip): each is the target's row of that id, or the row the target recorded
+    it under (``_dagsync_message_map``). One found nowhere stays out of the
+    map: the rounds, or the dangling checks, refuse the source."""
+    c = run.conn
+    key = run.fmt.message_key
+    c.execute("CREATE TEMP TABLE boundary (src TEXT PRIMARY KEY) WITHOUT ROWID")
+    c.execute(
+        f"INSERT OR IGNORE INTO temp.boundary SELECT s.parent_id FROM temp.src_msg s WHERE s.parent_id != '{TOP}' "
+        "AND NOT EXISTS (SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id)"
+    )
+    for other, refs in run.fmt.references.items():
+        if other == table.name or other not in run.source_tables:
+            continue
+        for column, ref in refs.items():
+            if ref == table.name:
+                c.execute(
+                    f'INSERT OR IGNORE INTO temp.boundary SELECT s."{column}" FROM src."{other}" s '
+                    f'WHERE s."{column}" IS NOT NULL AND s."{column}" != \'{TOP}\' '
+                    f'AND NOT EXISTS (SELECT 1 FROM temp.src_msg p WHERE p.id = s."{column}")'
+                )
+    recorded = "NULL"
+    if bookkeeping.has(c, "_dagsync_message_map"):
+        recorded = "(SELECT r.target_id FROM main._dagsync_message_map r WHERE r.source_id = b.src)"
+    c.execute(
+        f"INSERT INTO temp.msg_map SELECT src, dst, '{TOP}', 0, {BOUNDARY} FROM (SELECT b.src, "
+        f"coalesce((SELECT t.{key} FROM main.messages t WHERE t.{key} = b.src), {recorded}) AS dst "
+        "FROM temp.boundary b) WHERE dst IS NOT NULL"
+    )
+    run.boundary = run.changes()
 
 
 def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
@@ -290,8 +326,8 @@ def _all_new_in_order(run: SourceMerge) -> bool:
 
 def _refuse_unreached(run: SourceMerge, total: int) -> None:
     """:raises DamagedSource: messages the rounds never reached (a missing parent, a cycle)."""
-    # Every map row but the root's is a settled source message.
-    unreachable = total - (run.one("SELECT count(*) FROM temp.msg_map") - 1)
+    # Every map row but the root's (and a thin source's boundary) is a settled source message.
+    unreachable = total - (run.one("SELECT count(*) FROM temp.msg_map") - 1 - run.boundary)
     if not unreachable:
         return
     example, parent = next(iter(run.conn.execute(
@@ -300,9 +336,12 @@ def _refuse_unreached(run: SourceMerge, total: int) -> None:
     )))  # fmt: skip
     dangling = run.one(
         f"SELECT count(*) FROM temp.src_msg s WHERE s.parent_id != '{TOP}' AND NOT EXISTS "
-        "(SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id)"
+        "(SELECT 1 FROM temp.src_msg p WHERE p.id = s.parent_id) "
+        "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.parent_id)"
     )
     why = "a parent that does not exist" if dangling else "a cycle in the parent links"
+    if dangling and run.thin:
+        why = f"a parent that neither it nor {run.db.path} has"
     raise DamagedSource(
         f"{run.source}: {unreachable} message(s) do not lead back to the root "
         f"({why}; for example message {example} has parent {parent}); "
@@ -339,7 +378,9 @@ def _order_new(run: SourceMerge, settled: bool) -> None:
     # Where a reference to a message goes: elsewhere only if it was mapped.
     c.execute("CREATE TEMP TABLE msg_moved (src TEXT PRIMARY KEY, dst TEXT NOT NULL) WITHOUT ROWID")
     c.execute("INSERT INTO temp.msg_moved SELECT src, dst FROM temp.msg_map WHERE kind = ? ORDER BY src", (MAPPED,))
-    run.moved = run.changes()
+    # A thin source's message the target holds under another id (merged before).
+    c.execute("INSERT INTO temp.msg_moved SELECT src, dst FROM temp.msg_map WHERE kind = ? AND dst != src", (BOUNDARY,))
+    run.moved = run.one("SELECT count(*) FROM temp.msg_moved")
     # "Is this message new?" is asked of every part and reference.
     c.execute("CREATE UNIQUE INDEX temp.msg_new_src ON msg_new (src)")
 
@@ -387,8 +428,11 @@ def _record_map(run: SourceMerge) -> None:
     """Record where each mapped message went, for holders of its old id
     (``_dagsync_message_map``), and carry over the source's own records."""
     c = run.conn
-    source_map = bookkeeping.has(c, "_dagsync_message_map", "src")
-    if not (run.moved or source_map):
+    source_map = bookkeeping.has(c, "_dagsync_message_map", "src") and bool(
+        run.one("SELECT 1 FROM src._dagsync_message_map LIMIT 1")
+    )
+    mapped = run.counts[run.fmt.table("messages").name].mapped  # a thin source's boundary is recorded already
+    if not (mapped or source_map):
         return
     with run.writer.transaction():
         bookkeeping.ensure(c)

@@ -40,6 +40,7 @@ from dagsync.merge import branches, origins
 from dagsync.merge.branches import SWAP
 from dagsync.merge.core import SourceMerge, quoted
 from dagsync.merge.maps import expr
+from dagsync.merge.chains import in_target, step_up
 from dagsync.merge.messages import NEW
 from dagsync.merge.report import ForkReport
 
@@ -213,6 +214,8 @@ def _walk_chains(run: SourceMerge) -> None:
         "(SELECT 1 FROM temp.t_up u WHERE u.key = ptr.key AND u.cur = ptr.s_head)",
         (KEEP,),
     )
+    follow, above = step_up(run)
+    here = in_target(run, "up.cur")
     for low, high in run.chunks("temp.ptr"):
         # What is left (not kept): every message on the source head's
         # chain, in the target's ids, up to the row's own head: past it,
@@ -221,9 +224,8 @@ def _walk_chains(run: SourceMerge) -> None:
         c.execute(
             f"INSERT INTO temp.s_up WITH RECURSIVE up(k, cur, stop) AS (SELECT key, s_raw, t_head "
             f"FROM temp.ptr WHERE verdict IS NULL AND rowid BETWEEN ? AND ? "
-            f"UNION SELECT up.k, m.{parent}, up.stop FROM up JOIN src.messages m ON m.{mkey} = up.cur "
-            f"WHERE {not_root} AND (SELECT dst FROM temp.msg_map WHERE src = up.cur) IS NOT up.stop) "
-            "SELECT up.k, mm.dst FROM up JOIN temp.msg_map mm ON mm.src = up.cur",
+            f"UNION SELECT up.k, {above}, up.stop FROM up {follow} AND {here} IS NOT up.stop) "
+            f"SELECT k, dst FROM (SELECT up.k, {here} AS dst FROM up) WHERE dst IS NOT NULL",
             (low, high),
         )
     c.execute("CREATE INDEX temp.s_up_key ON s_up (key, dst)")

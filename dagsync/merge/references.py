@@ -66,6 +66,8 @@ def _checks(run: SourceMerge, table: Table) -> list[Check]:
             # Mapped from the source's own rows: the source must have the row.
             fails = f"{expr(run, table, column, written=True)} IS NULL"
             why = f"which {run.source.name} does not have"
+            if run.thin:
+                why = f"which neither {run.source.name} nor {run.db.path.name} has"
         else:
             ref_key = ref_table.natural_key[0]
             in_source = (

@@ -37,6 +37,10 @@ class SourceReport:
     tables: tuple[TableReport, ...]
     forks: tuple[ForkReport, ...] = ()
     label: str = ""  # how fork names call this source
+    # Read from its marks (merge.marks): only what lay beyond them, and the
+    # pointer rows that moved; else in full, ``full_because`` says why.
+    incremental: bool = False
+    full_because: str | None = None
 
     def table(self, name: str) -> TableReport:
         return next(t for t in self.tables if t.table == name)

@@ -1,0 +1,157 @@
+"""The delta: what a source holds beyond a target's marks, as a file of its format.
+
+A *thin* file: a reference in it may resolve in the target alone (a new
+message's parent merged before, a thread a new turn continues). ``merge``
+reads it as a source (``SourceMerge(thin=True)``), so an incremental merge
+keeps every guarantee of a full one; a bundle is the same file, made for a
+target on another machine.
+
+What goes in, read in one transaction of the source so that it is
+consistent (``extract``):
+
+* every row beyond its table's mark (``marks``);
+* every pointer row (thread tip, conversation head) whose pointer is not
+  what the target last merged from this source: llm moves them in place;
+* every integer-keyed row a row in it refers to, by column or by an id
+  inside JSON, and what those refer to in turn: an integer id means
+  nothing outside its file, so the merge matches such rows by their natural
+  keys, which it must read;
+* dagsync's records of what it holds: ``_dagsync_forks`` and
+  ``_dagsync_message_map`` beyond their marks, ``_dagsync_origins`` of its
+  pointer rows.
+
+Rows keep their rowids, so the order the source wrote them in (parents
+before children) is the delta's too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+
+from dagsync import bookkeeping
+from dagsync.db import harden, initialise
+from dagsync.formats import Format, Key
+from dagsync.merge.marks import Marks, marked_tables, taken
+
+__all__ = ["extract"]
+
+
+def extract(
+    conn: apsw.Connection, fmt: Format, marks: Marks, present: set[str], out: Path
+) -> tuple[dict[str, tuple[int, str | None]], dict[str, int]]:
+    """Write to ``out`` (a new file) what the source attached to ``conn`` as
+    ``src`` holds beyond ``marks``; return the source's marks now (what the
+    delta brings the target up to) and the rows written per table."""
+    _create(fmt, out)
+    conn.execute("ATTACH DATABASE ? AS dlt", (str(out),))
+    try:
+        conn.execute("PRAGMA dlt.journal_mode = OFF")
+        conn.execute("PRAGMA dlt.synchronous = OFF")
+        conn.execute("BEGIN")
+        try:
+            now = taken(conn, fmt, "src", present)
+            rows = _fill(conn, fmt, marks, present, now)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        for (name,) in list(conn.execute("SELECT name FROM temp.sqlite_schema WHERE type = 'table' AND name LIKE 'dl\\_%' ESCAPE '\\'")):
+            conn.execute(f'DROP TABLE temp."{name}"')
+        conn.execute("DETACH DATABASE dlt")
+    return now, rows
+
+
+def _create(fmt: Format, out: Path) -> None:
+    """An empty file of the format with dagsync's records: no migration or sentinel rows of its own."""
+    new = apsw.Connection(str(out))
+    try:
+        harden(new)
+        new.execute("PRAGMA journal_mode = OFF")
+        with new:
+            initialise(new, fmt)
+            bookkeeping.ensure(new)
+            new.execute("DELETE FROM _llm_migrations")
+            # The dag sentinel comes from the source with its other first rows, if at all.
+            new.execute(f"DELETE FROM messages")
+    finally:
+        new.close()
+
+
+def _fill(
+    conn: apsw.Connection, fmt: Format, marks: Marks, present: set[str], now: dict[str, tuple[int, str | None]]
+) -> dict[str, int]:
+    """Choose each table's rows (referrers before what they refer to), then copy them."""
+    order = [t for t in fmt.merge_order if t.name in present]
+    for table in order:
+        conn.execute(f'CREATE TEMP TABLE "dl_{table.name}" (rid INTEGER PRIMARY KEY)')
+        if table.key is Key.INTEGER:
+            conn.execute(f'CREATE TEMP TABLE "dl_need_{table.name}" (id INTEGER PRIMARY KEY)')
+    for table in reversed(order):
+        name = table.name
+        low = marks.tables.get(name, (0, None))[0]
+        high = now[name][0]
+        chosen = f'INSERT OR IGNORE INTO temp."dl_{name}" SELECT rowid FROM src."{name}"'
+        conn.execute(f"{chosen} WHERE rowid > ? AND rowid <= ?", (low, high))
+        if table.pointer:
+            key = table.natural_key[0]
+            conn.execute(
+                f"{chosen} s WHERE s.rowid <= ? AND NOT EXISTS (SELECT 1 FROM main._dagsync_mark_pointers p "
+                f'WHERE p.source = ? AND p.tbl = ? AND p.key = s."{key}" AND p.head IS s."{table.pointer}")',
+                (high, marks.entry, name),
+            )
+        if table.key is Key.INTEGER:
+            conn.execute(f'{chosen} WHERE id IN (SELECT id FROM temp."dl_need_{name}") AND rowid <= ?', (high,))
+        # What the chosen rows refer to by integer id must come too.
+        rows = f'src."{name}" s JOIN temp."dl_{name}" d ON d.rid = s.rowid'
+        for column, ref in fmt.references[name].items():
+            if ref != name and fmt.table(ref).key is Key.INTEGER and ref in present:
+                conn.execute(
+                    f'INSERT OR IGNORE INTO temp."dl_need_{ref}" SELECT s."{column}" FROM {rows} '
+                    f'WHERE s."{column}" IS NOT NULL'
+                )
+        for json_ref in table.json_refs:
+            if json_ref.table in present:
+                conn.execute(
+                    f'INSERT OR IGNORE INTO temp."dl_need_{json_ref.table}" '
+                    f"SELECT j.value ->> '$.{json_ref.id_key}' FROM {rows}, "
+                    f"json_each(CASE WHEN json_valid(s.\"{json_ref.column}\") THEN s.\"{json_ref.column}\" END, "
+                    f"'$.{json_ref.list_key}') j "
+                    f"WHERE s.\"{json_ref.column}\" LIKE '%\"{json_ref.list_key}\"%' "
+                    f"AND j.value ->> '$.{json_ref.id_key}' IS NOT NULL"
+                )
+    written = {}
+    for table in order:
+        columns = _shared_columns(conn, table.name)
+        conn.execute(
+            f'INSERT INTO dlt."{table.name}" (rowid, {columns}) SELECT rowid, {columns} FROM src."{table.name}" '
+            f'WHERE rowid IN (SELECT rid FROM temp."dl_{table.name}") ORDER BY rowid'
+        )
+        written[table.name] = conn.changes()
+    for name in marked_tables(fmt, present):
+        if name.startswith("_dagsync_"):
+            columns = _shared_columns(conn, name)
+            conn.execute(
+                f'INSERT INTO dlt."{name}" ({columns}) SELECT {columns} FROM src."{name}" WHERE rowid > ? AND rowid <= ?',
+                (marks.tables.get(name, (0, None))[0], now[name][0]),
+            )
+            written[name] = conn.changes()
+    if bookkeeping.has(conn, "_dagsync_origins", "src"):
+        for table in order:
+            if table.pointer:
+                conn.execute(
+                    f"INSERT INTO dlt._dagsync_origins SELECT o.* FROM src._dagsync_origins o "
+                    f'WHERE o.pointer_table = ? AND o.key IN (SELECT "{table.natural_key[0]}" FROM dlt."{table.name}")',
+                    (table.name,),
+                )
+    return written
+
+
+def _shared_columns(conn: apsw.Connection, table: str) -> str:
+    """The columns both the source's table and the delta's have, quoted."""
+    mine = [row[1] for row in conn.execute(f'PRAGMA dlt.table_info("{table}")')]
+    theirs = {row[1] for row in conn.execute(f'PRAGMA src.table_info("{table}")')}
+    return ", ".join(f'"{c}"' for c in mine if c in theirs)

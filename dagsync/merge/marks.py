@@ -1,0 +1,222 @@
+"""Marks: how far a target has merged each source, so that the next merge of
+it reads only what is new (``delta``).
+
+After a merge the target records, for the source (``_dagsync_sources``):
+
+* its **identity**: the format and the first migration llm (or dagsync)
+  recorded in it, with the time it was applied - the same after a rename or
+  a move, and another for a file made at another time;
+* per table, the **mark**: the highest rowid merged, and the key of the row
+  there (``_dagsync_marks``);
+* each **pointer row** (thread tip, conversation head) as merged
+  (``_dagsync_mark_pointers``): the one kind of row llm changes in place.
+
+A later merge of a file with that identity first proves the marks hold: the
+row at each mark is still there under the same key (rows below a mark were
+not deleted and renumbered, by a VACUUM, a gc or ``llm logs rm``; the file
+was not replaced by an earlier copy of itself), and the target was not
+rewritten since (gc, canonicalise and unpack stamp it: ``bookkeeping.rewritten``).
+Then every row at or below the marks is already in the target, and the merge
+reads only the rows beyond them and the pointer rows that changed.
+Otherwise it merges in full, and says why.
+
+Two files with one identity (a copy of logs.db that went on on another
+machine) are told apart by the same proof: each has its own entry, found
+by path first, and whichever entry's marks hold for a file is its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import apsw
+
+from dagsync import bookkeeping
+from dagsync.formats import Format, Key
+
+__all__ = ["Decision", "Marks", "decide", "identity", "key_sql", "marked_tables", "save", "taken"]
+
+# dagsync's own tables a merge reads from a source, append-only: marked too.
+MARKED_BOOKKEEPING = {
+    "_dagsync_forks": ("pointer_table", "key", "head"),
+    "_dagsync_message_map": ("source_id",),
+}
+
+
+@dataclass(frozen=True)
+class Marks:
+    """One entry of ``_dagsync_sources`` and its marks: table -> (rowid, key there)."""
+
+    entry: int
+    path: str
+    tables: dict[str, tuple[int, str | None]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a source is merged: from its marks (``marks``), or in full and why."""
+
+    identity: str | None
+    marks: Marks | None = None
+    why_full: str | None = None  # None when incremental
+    # The entry a full merge records its marks in (the file at this path before), if any.
+    entry: int | None = None
+    tried: list[str] = field(default_factory=list)
+
+    @property
+    def incremental(self) -> bool:
+        return self.marks is not None
+
+
+def key_sql(fmt: Format, table: str) -> str:
+    """SQL for the key of a row of ``table``, as one text value (the mark's key)."""
+    columns: tuple[str, ...]
+    if table in MARKED_BOOKKEEPING:
+        columns = MARKED_BOOKKEEPING[table]
+    else:
+        t = fmt.table(table)
+        columns = (fmt.message_key,) if t.key in (Key.DAG_MESSAGE, Key.HASH_MESSAGE) else t.natural_key
+    return " || ',' || ".join(f'quote("{c}")' for c in columns) or "rowid"
+
+
+def marked_tables(fmt: Format, present: set[str]) -> list[str]:
+    """The tables of a source that carry marks: every table a merge copies, and
+    dagsync's own append-only records."""
+    names = [t.name for t in fmt.merge_order if t.name in present]
+    return names + [n for n in MARKED_BOOKKEEPING if n in present]
+
+
+def taken(conn: apsw.Connection, fmt: Format, schema: str, present: set[str]) -> dict[str, tuple[int, str | None]]:
+    """Each marked table's highest rowid in ``schema`` now and the key of the row
+    there. Call inside the read transaction the merge reads the source in."""
+    marks = {}
+    for name in marked_tables(fmt, present):
+        high = next(iter(conn.execute(f'SELECT coalesce(max(rowid), 0) FROM {schema}."{name}"')))[0]
+        key = None
+        if high:
+            key = next(iter(conn.execute(f'SELECT {key_sql(fmt, name)} FROM {schema}."{name}" WHERE rowid = ?', (high,))))[0]
+        marks[name] = (high, key)
+    return marks
+
+
+def identity(conn: apsw.Connection, fmt: Format, schema: str = "src") -> str:
+    """What a source is, wherever it lies: its format, and the first migration
+    recorded in it with when it was applied (llm records it once, when it
+    first opens a new file; dagsync, when it creates one)."""
+    first: tuple = ()
+    if bookkeeping.has(conn, "_llm_migrations", schema):
+        columns = {row[1] for row in conn.execute(f"PRAGMA {schema}.table_info(_llm_migrations)")}
+        when = "applied_at" if "applied_at" in columns else "NULL"
+        for row in conn.execute(f"SELECT name, {when} FROM {schema}._llm_migrations ORDER BY {when}, name LIMIT 1"):
+            first = tuple(row)
+    return hashlib.sha256(repr((fmt.name, first)).encode()).hexdigest()[:32]
+
+
+def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) -> Decision:
+    """Whether the source attached as ``src`` can be merged from its marks in the target.
+
+    Entries of its identity are tried, the one recorded at this path first; the
+    first whose marks hold is used.
+    """
+    ident = identity(conn, fmt)
+    if not bookkeeping.has(conn, "_dagsync_sources"):
+        return Decision(ident, why_full="first merge of this source")
+    path = str(source.resolve())
+    entries = list(conn.execute(
+        "SELECT id, path, rewritten FROM main._dagsync_sources WHERE identity = ? ORDER BY path IS NOT ?, id",
+        (ident, path),
+    ))  # fmt: skip
+    same_path = next((entry for entry, at, _ in entries if at == path), None)
+    if not entries:
+        return Decision(ident, why_full="first merge of this source")
+    rewritten = _rewritten(conn)
+    reasons = []
+    for entry, at, stamp in entries:
+        if stamp != rewritten:
+            reasons.append(f"the target was changed since ({rewritten}): rows merged before may be gone")
+            continue
+        marks = dict(
+            ((tbl, (mark, key)) for tbl, mark, key in conn.execute(
+                "SELECT tbl, mark, mark_key FROM main._dagsync_marks WHERE source = ?", (entry,)
+            ))
+        )  # fmt: skip
+        failure = _disproof(conn, fmt, marks, present)
+        if failure is None:
+            return Decision(ident, Marks(entry, at, marks), entry=entry)
+        reasons.append(failure)
+    if same_path is None:
+        # Files of this identity merged before from elsewhere are other files (copies that went on).
+        return Decision(ident, why_full="first merge of this source")
+    return Decision(ident, why_full=reasons[0], entry=same_path)
+
+
+def _rewritten(conn: apsw.Connection) -> str | None:
+    for (value,) in conn.execute("SELECT value FROM main._dagsync_meta WHERE key = 'rewritten'"):
+        return value
+    return None
+
+
+def _disproof(conn: apsw.Connection, fmt: Format, marks: dict[str, tuple[int, str | None]], present: set[str]) -> str | None:
+    """Why ``marks`` do not hold for the source ``src`` now, or None when they do."""
+    for name in marked_tables(fmt, present):
+        mark, key = marks.get(name, (0, None))
+        if not mark:
+            continue
+        now = [row[0] for row in conn.execute(f'SELECT {key_sql(fmt, name)} FROM src."{name}" WHERE rowid = ?', (mark,))]
+        if not now:
+            return f"the source's {name} row {mark}, merged before, is gone (rows deleted or renumbered: gc, llm logs rm, VACUUM)"
+        if now[0] != key:
+            return f"the source's {name} row {mark} is another row than the one merged before (renumbered, or another file)"
+    for name, (mark, _) in marks.items():
+        if mark and name not in present:
+            return f"the source has no {name} table any more"
+    return None
+
+
+def save(
+    conn: apsw.Connection,
+    fmt: Format,
+    decision: Decision,
+    source: Path,
+    label: str,
+    marks: dict[str, tuple[int, str | None]],
+    pointers: str,
+) -> None:
+    """Record ``marks`` for the source, and its pointer rows as ``pointers``
+    (a schema holding them: ``src``, the source or the delta merged) has them.
+    Call inside the merge's last write transaction."""
+    bookkeeping.ensure(conn)
+    entry = decision.marks.entry if decision.marks else decision.entry
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    values = (decision.identity, str(source.resolve()), label, now, _rewritten(conn))
+    if entry is None:
+        conn.execute(
+            "INSERT INTO main._dagsync_sources (identity, path, label, merged_at, rewritten) VALUES (?, ?, ?, ?, ?)", values
+        )
+        entry = conn.last_insert_rowid()
+    else:
+        if decision.marks is None:
+            # Merged in full: the entry's old records no longer describe this file.
+            conn.execute("DELETE FROM main._dagsync_mark_pointers WHERE source = ?", (entry,))
+            conn.execute("DELETE FROM main._dagsync_marks WHERE source = ?", (entry,))
+        conn.execute(
+            "UPDATE main._dagsync_sources SET identity = ?, path = ?, label = ?, merged_at = ?, rewritten = ? WHERE id = ?",
+            (*values, entry),
+        )
+    conn.executemany(
+        "INSERT OR REPLACE INTO main._dagsync_marks (source, tbl, mark, mark_key) VALUES (?, ?, ?, ?)",
+        [(entry, name, mark, key) for name, (mark, key) in marks.items()],
+    )
+    for table in fmt.tables:
+        if table.pointer and table.name in marks:
+            key = table.natural_key[0]
+            conn.execute(
+                f'INSERT OR REPLACE INTO main._dagsync_mark_pointers (source, tbl, key, head) SELECT ?, ?, s."{key}", '
+                f's."{table.pointer}" FROM {pointers}."{table.name}" s WHERE s.rowid <= ? AND NOT EXISTS '
+                "(SELECT 1 FROM main._dagsync_mark_pointers p WHERE p.source = ? AND p.tbl = ? "
+                f'AND p.key = s."{key}" AND p.head IS s."{table.pointer}")',
+                (entry, table.name, marks[table.name][0], entry, table.name),
+            )

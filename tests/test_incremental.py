@@ -1,0 +1,179 @@
+"""Incremental merges (merge.marks, merge.delta): a source merged before is read
+only beyond its marks, and the target ends exactly as a full merge leaves it.
+
+* The law (hypothesis): any history of prompts (on a conversation or a
+  fork), merges and syncs between three dag-format machines; every merge is
+  made twice from the same target, once from the marks and once ``full``,
+  and the two targets hold the same rows, table by table.
+* Each way the marks stop holding makes the merge read the source whole and
+  say why: a source vacuumed after a delete, rows deleted by gc or by hand,
+  a file replaced by another at the same path; a target changed by gc,
+  canonicalise or unpack. The result is the full merge's.
+* What marks are kept, and what an incremental merge reads and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import apsw
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dagsync.gc import gc
+from dagsync.merge import merge
+from dagsync.merge.core import source_label
+from dagsync.sync import sync
+from dagsync.verify import verify
+from tests.test_fork_histories import THREE_MACHINES, machines, prompt, steps
+
+# dagsync's records of its own marks: what differs between an incremental and a full merge.
+MARK_TABLES = {"_dagsync_sources", "_dagsync_marks", "_dagsync_mark_pointers"}
+
+
+def rows(path: Path) -> dict[str, list[tuple]]:
+    """Every row of every table but the marks', sorted: what two targets must agree on."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        names = [
+            n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'")
+            if not n.startswith("sqlite_") and n not in MARK_TABLES
+        ]
+        found = {}
+        for name in names:
+            found[name] = sorted(conn.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
+        return found
+
+
+def merged_both_ways(target: Path, source: Path, **kwargs) -> tuple:
+    """Merge ``source`` into ``target`` from its marks, and into a copy of the
+    target as it was, in full; both reports, after checking the targets agree."""
+    full = target.with_name(target.stem + "-full.db")
+    shutil.copyfile(target, full)
+    report = merge(target, [source], **kwargs)
+    full_report = merge(full, [source], full=True, target_label=source_label(target), **kwargs)
+    assert rows(target) == rows(full)
+    full.unlink()
+    return report.sources[0], full_report.sources[0]
+
+
+@settings(max_examples=int(os.environ.get("DAGSYNC_EXAMPLES", 20)), deadline=None)
+@given(history=steps, seed=st.integers(0, 2**32))
+@example(history=THREE_MACHINES, seed=0)
+def test_a_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
+    with machines(seed) as (files, clock):
+        incremental = 0
+        for step in history:
+            if step[0] == "prompt":
+                _, machine, row, words = step
+                prompt(files[machine], clock, row, f"w{words}")
+            elif step[0] == "merge":
+                mine, _ = merged_both_ways(files[step[1]], files[step[2]])
+                incremental += mine.incremental
+            else:
+                a, b = files[step[1]], files[step[2]]
+                merged_both_ways(a, b)
+                merged_both_ways(b, a)
+                sync(a, b)
+        for path in files:
+            assert verify(path).problems == ()
+
+
+def test_a_second_merge_reads_from_the_marks_and_a_third_with_nothing_new_writes_nothing():
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        first, _ = merged_both_ways(server, laptop)
+        assert (first.incremental, first.full_because) == (False, "first merge of this source")
+        prompt(laptop, clock, 0, "more")
+        second, _ = merged_both_ways(server, laptop)
+        assert second.incremental and second.full_because is None
+        assert second.table("calls").added == 1 and second.table("messages").added == 2
+        before = server.read_bytes()
+        third = merge(server, [laptop]).sources[0]
+        assert third.incremental and third.written == 0
+        assert server.read_bytes() == before
+
+
+def _delete_last_call(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM calls WHERE rowid = (SELECT max(rowid) FROM calls)")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("delete", "the source's calls row"),
+        ("vacuum", "the source's calls row"),
+        ("replace", "first merge of this source"),
+    ],
+)
+def test_a_source_changed_below_its_marks_is_read_whole_and_the_report_says_why(change, why):
+    with machines() as (files, clock):
+        laptop, server, desk = files
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        if change == "delete":
+            _delete_last_call(laptop)  # llm logs rm, or by hand: the row at the mark is gone
+        elif change == "vacuum":
+            _delete_last_call(laptop)
+            prompt(laptop, clock, 1, "two")  # takes the freed rowid
+            with sqlite3.connect(laptop) as conn:
+                conn.execute("VACUUM")
+        else:
+            prompt(desk, clock, 1, "elsewhere")
+            shutil.copyfile(desk, laptop)  # another file at the same path (the same first migration)
+            desk_conn = apsw.Connection(str(laptop))
+            desk_conn.execute("UPDATE _llm_migrations SET applied_at = '2030-01-01 00:00:00.000'")
+            desk_conn.close()
+        prompt(laptop, clock, 0, "after")
+        report, _ = merged_both_ways(server, laptop)
+        assert not report.incremental
+        assert report.full_because.startswith(why), report.full_because
+
+
+def test_a_target_gc_since_the_marks_makes_the_next_merge_read_the_source_whole():
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        # An unreachable message in the target, for gc to delete.
+        with sqlite3.connect(server) as conn:
+            conn.execute(
+                "INSERT INTO messages (id, parent_id, content_hash, role, created_at) "
+                "VALUES ('01aaaaaaaaaaaaaaaaaaaaaaaa', 'root', 'x', 'user', '2000-01-01T00:00:00Z')"
+            )
+        assert gc(server, grace=0).deleted
+        report, _ = merged_both_ways(server, laptop)
+        assert not report.incremental
+        assert report.full_because.startswith("the target was changed since (gc at "), report.full_because
+        after = merge(server, [laptop]).sources[0]
+        assert after.incremental
+
+
+def test_a_copy_that_went_on_elsewhere_keeps_marks_of_its_own():
+    """Two files of one identity (logs.db copied to a new laptop): each path has its own marks."""
+    with machines() as (files, clock):
+        laptop, server, desk = files  # copies of one file: one identity
+        for _ in range(2):
+            prompt(laptop, clock, 0, "l")
+            prompt(desk, clock, 1, "d")
+            merged_both_ways(server, laptop)
+            merged_both_ways(server, desk)
+        assert merge(server, [laptop]).sources[0].incremental
+        assert merge(server, [desk]).sources[0].incremental
+        with sqlite3.connect(server) as conn:
+            assert conn.execute("SELECT count(DISTINCT identity), count(*) FROM _dagsync_sources").fetchone() == (1, 2)
+
+
+def test_a_moved_source_is_still_read_from_its_marks():
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        merge(server, [laptop])
+        moved = laptop.with_name("renamed.db")
+        laptop.rename(moved)
+        prompt(moved, clock, 0, "after the move")
+        report, _ = merged_both_ways(server, moved)
+        assert report.incremental
