@@ -105,13 +105,24 @@ def _fill(
             )
         if table.key is Key.INTEGER:
             conn.execute(f'{chosen} WHERE id IN (SELECT id FROM temp."dl_need_{name}") AND rowid <= ?', (high,))
-        # What the chosen rows refer to by integer id must come too.
+        # What the chosen rows refer to must come too: by integer id always, by
+        # text key where the target lacks it.
         rows = f'src."{name}" s JOIN temp."dl_{name}" d ON d.rid = s.rowid'
         for column, ref in fmt.references[name].items():
             if ref != name and fmt.table(ref).key is Key.INTEGER and ref in present:
                 conn.execute(
                     f'INSERT OR IGNORE INTO temp."dl_need_{ref}" SELECT s."{column}" FROM {rows} '
                     f'WHERE s."{column}" IS NOT NULL'
+                )
+            if ref != name and fmt.table(ref).key is Key.TEXT and ref in present:
+                # A row referred to that the target lacks comes too, wherever it lies
+                # (a content-keyed row llm logged again, moved past its mark).
+                ref_key = fmt.table(ref).natural_key[0]
+                conn.execute(
+                    f'INSERT OR IGNORE INTO temp."dl_{ref}" SELECT r.rowid FROM src."{ref}" r '
+                    f'WHERE r."{ref_key}" IN (SELECT s."{column}" FROM {rows}) AND r.rowid <= ? '
+                    f'AND NOT EXISTS (SELECT 1 FROM main."{ref}" t WHERE t."{ref_key}" = r."{ref_key}")',
+                    (now[ref][0],),
                 )
         for json_ref in table.json_refs:
             if json_ref.table in present:
