@@ -97,6 +97,14 @@ QuietOption = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron); errors still print.")
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Report what would be done; write nothing.")]
+FullOption = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Read every source whole, not only what lies beyond the marks TARGET keeps of it "
+        "(the result is the same; this re-checks every row, and brings back rows deleted from TARGET by hand).",
+    ),
+]
 VacuumOption = Annotated[
     bool,
     typer.Option(
@@ -282,6 +290,7 @@ def merge_command(
             show_default=False,
         ),
     ] = None,
+    full: FullOption = False,
     dry_run: DryRunOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
@@ -302,7 +311,7 @@ def merge_command(
     target = database(paths[0]) if len(paths) > 1 else default_database()
     sources = [database(p) for p in (paths[1:] if len(paths) > 1 else paths)]
     with _Progress() as progress:
-        report = merge(target, sources, dry_run=dry_run, progress=progress, label=label)
+        report = merge(target, sources, dry_run=dry_run, progress=progress, label=label, full=full)
     _emit(report, as_json, quiet, render.merge)
 
 
@@ -324,6 +333,7 @@ def sync_command(
         Optional[str],
         typer.Option("--label-b", metavar="NAME", help="What the names of forks call B's branches. Default: as for A.", show_default=False),
     ] = None,
+    full: FullOption = False,
     dry_run: DryRunOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
@@ -334,7 +344,7 @@ def sync_command(
     what A holds that B lacks, before the first part has added B's forks to A.
     """
     with _Progress() as progress:
-        report = sync(database(a), database(b), dry_run=dry_run, progress=progress, labels=(label_a, label_b))
+        report = sync(database(a), database(b), dry_run=dry_run, progress=progress, labels=(label_a, label_b), full=full)
     _emit(report, as_json, quiet, render.sync)
 
 

@@ -50,6 +50,10 @@ def stats(s: Stats) -> str:
     return "\n".join(lines)
 
 
+# Why a source is read whole when that is only to be expected (merge.marks).
+FIRST_MERGES = ("first merge of this source", "a new target")
+
+
 def merge(report: MergeReport) -> str:
     n = len(report.sources)
     what = f"{n} source" if n == 1 else f"{n} sources"
@@ -60,7 +64,13 @@ def merge(report: MergeReport) -> str:
         verb = "would merge" if report.dry_run else "merged"
         lines = [f"{report.target}: {verb} {what} in {report.seconds:.1f}s"]
     for source in report.sources:
-        lines.append(f"  from {source.source}:")
+        if source.incremental:
+            how = " (only what lies beyond the target's marks of it)"
+        elif source.full_because in FIRST_MERGES:
+            how = ""
+        else:
+            how = f" (read whole: {source.full_because})"
+        lines.append(f"  from {source.source}{how}:")
         if not source.written:
             lines.append("    nothing new: the target already holds all of it")
             continue

@@ -25,6 +25,7 @@ def sync(
     dry_run: bool = False,
     progress: Progress | None = None,
     labels: tuple[str | None, str | None] = (None, None),
+    full: bool = False,
 ) -> SyncReport:
     """Merge ``b`` into ``a``, then ``a`` into ``b``, then settle; nothing is
     written to either unless both are proven (see below).
@@ -41,15 +42,16 @@ def sync(
     files as they were.
 
     ``labels`` name each file's own branches in fork names (merge's
-    ``label``); ``None`` is the file's ``source_label``.
+    ``label``); ``None`` is the file's ``source_label``. Each file is read
+    from the other's marks of it, unless ``full`` (merge's).
 
     A dry run plans the first two merges on the files as they are: the
     second shows what ``a`` holds that ``b`` lacks, without the fork rows the
     first would have added to ``a``, and there is no third.
     """
     label_a, label_b = labels
-    into_a_labels = {"label": label_b, "target_label": label_a}
-    into_b_labels = {"label": label_a, "target_label": label_b}
+    into_a_labels = {"label": label_b, "target_label": label_a, "full": full}
+    into_b_labels = {"label": label_a, "target_label": label_b, "full": full}
     if not dry_run:
         # Both files are targets, and each is the other's source: A's rows are
         # proven (and any conflict found) by planning B's merge first, so a

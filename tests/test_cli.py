@@ -131,10 +131,13 @@ class TestMerge:
         assert f"  from {pair[0]}:" in lines
         assert any(line.split()[:3] == ["messages", lines_added(line), "added"] for line in lines)
         again = run("merge", str(target), *map(str, pair))
+        beyond = "(only what lies beyond the target's marks of it)"
         assert again.stdout.splitlines()[1:] == [
-            f"  from {pair[0]}:", "    nothing new: the target already holds all of it",
-            f"  from {pair[1]}:", "    nothing new: the target already holds all of it",
+            f"  from {pair[0]} {beyond}:", "    nothing new: the target already holds all of it",
+            f"  from {pair[1]} {beyond}:", "    nothing new: the target already holds all of it",
         ]  # fmt: skip
+        full = run("merge", str(target), str(pair[0]), "--full")
+        assert full.stdout.splitlines()[1] == f"  from {pair[0]} (read whole: --full):"
 
     def test_json_and_dry_run(self, tmp_path, pair):
         target = tmp_path / "m.db"
