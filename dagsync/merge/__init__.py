@@ -135,6 +135,7 @@ def merge(
         # source is planned; nothing is written before both are done. A source
         # read from its marks is read only beyond them, every row proven by its key.
         checks = SourceChecks([p for p, d in zip(source_paths, decisions, strict=True) if not d.incremental])
+        # (A bundle is checked whole: it is all beyond the marks.)
         writer = Writer(target_db.conn, progress, dry_run=dry_run)
         for path, decision in zip(source_paths, decisions, strict=True):
             # Marked from before the plan (which maps rows onto the target's) to
@@ -169,6 +170,19 @@ def _decide(target: Database, source: Path, full_because: str | None) -> marks.D
     conn.execute("ATTACH DATABASE ? AS src", (uri,))
     try:
         present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
+        from dagsync import bundle  # which builds on this package
+
+        found = bundle.meta(conn)
+        if found is not None:
+            taken = bundle.received(conn, target.format, source, found)
+            held = None
+            if taken.entry is not None:
+                held = marks.Marks(taken.entry, taken.source, dict(
+                    (t, (m, k)) for t, m, k in conn.execute(
+                        "SELECT tbl, mark, mark_key FROM main._dagsync_marks WHERE source = ?", (taken.entry,)
+                    )
+                ))  # fmt: skip
+            return marks.Decision(taken.identity, held, entry=taken.entry, bundle=taken)
         ident = marks.identity(conn, target.format)
         if full_because:
             return marks.Decision(ident, why_full=full_because)
@@ -216,7 +230,11 @@ def _try_source(
 ) -> SourceReport | None:
     """One attempt at one source; None when it must be planned again."""
     after = None
-    if scratch is not None:
+    if decision.bundle is not None:
+        # Thin: what it refers to may be in the target alone.
+        after = decision.bundle.now
+        run = SourceMerge(target, source, writer, labels[0] or decision.bundle.label, labels[1], thin=True)
+    elif scratch is not None:
         # What lies beyond the marks, read afresh on every attempt.
         file = Path(scratch) / f"delta-{attempt}.db"
         after = _extract(target, source, decision, file)
@@ -257,8 +275,7 @@ def _extract(target: Database, source: Path, decision: marks.Decision, file: Pat
     try:
         present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
         assert decision.marks is not None
-        after, _ = delta.extract(conn, target.format, decision.marks, present, file)
-        return after
+        return delta.extract(conn, target.format, decision.marks.tables, present, file, decision.marks.entry).now
     finally:
         conn.execute("DETACH DATABASE src")
 
@@ -339,8 +356,13 @@ def _record_marks(run: SourceMerge, decision: marks.Decision, after: dict[str, t
         run.one(f'SELECT 1 FROM src."{t.name}" LIMIT 1') for t in run.order if t.pointer
     ):
         return
+    source = str(run.source.resolve())
+    if decision.bundle is not None:
+        source = decision.bundle.source
+        if decision.marks is not None and any(now.get(t, (0, None))[0] < m for t, (m, _) in decision.marks.tables.items()):
+            return  # an older bundle than what the target has merged of its source since
     with run.writer.transaction():
-        marks.save(run.conn, run.fmt, decision, run.source, run.label, now, "src")
+        marks.save(run.conn, run.fmt, decision, source, run.label, now, "src")
 
 
 def _kind(table: Table) -> ModuleType:

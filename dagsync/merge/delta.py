@@ -26,24 +26,48 @@ before children) is the delta's too.
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
 
 from dagsync import bookkeeping
 from dagsync.db import harden, initialise
-from dagsync.formats import Format, Key
-from dagsync.merge.marks import Marks, marked_tables, taken
+from dagsync.formats import Format, Key, Table
+from dagsync.merge.marks import marked_tables, taken
 
-__all__ = ["extract"]
+__all__ = ["Extract", "extract", "pointer_digest", "row_hash"]
+
+
+@dataclass(frozen=True)
+class Extract:
+    """What ``extract`` wrote: the source's marks now (what the delta brings a
+    target up to), rows per table, and for a delta made without the target
+    (a bundle), each pointer table's digest (``pointer_digest``)."""
+
+    now: dict[str, tuple[int, str | None]]
+    rows: dict[str, int]
+    digests: dict[str, tuple[int, int]]
 
 
 def extract(
-    conn: apsw.Connection, fmt: Format, marks: Marks, present: set[str], out: Path
-) -> tuple[dict[str, tuple[int, str | None]], dict[str, int]]:
+    conn: apsw.Connection,
+    fmt: Format,
+    since: dict[str, tuple[int, str | None]],
+    present: set[str],
+    out: Path,
+    snapshot: int | None,
+) -> Extract:
     """Write to ``out`` (a new file) what the source attached to ``conn`` as
-    ``src`` holds beyond ``marks``; return the source's marks now (what the
-    delta brings the target up to) and the rows written per table."""
+    ``src`` holds beyond the marks ``since``.
+
+    ``snapshot``: the target's entry (attached as ``main``) whose pointer rows
+    say which of the source's moved. Without it (a bundle, made where the
+    target is not), a pointer row comes if it is new, points at a new
+    message, or a new call or fork names it, and the digest of every
+    pointer row lets the target prove nothing else moved (``bundle``).
+    """
     _create(fmt, out)
     conn.execute("ATTACH DATABASE ? AS dlt", (str(out),))
     try:
@@ -52,7 +76,11 @@ def extract(
         conn.execute("BEGIN")
         try:
             now = taken(conn, fmt, "src", present)
-            rows = _fill(conn, fmt, marks, present, now)
+            rows = _fill(conn, fmt, since, present, now, snapshot)
+            digests = {} if snapshot is not None else {
+                t.name: pointer_digest(conn, "src", t.name, t.natural_key[0], t.pointer, now[t.name][0])
+                for t in fmt.merge_order if t.pointer and t.name in present
+            }  # fmt: skip
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -62,7 +90,22 @@ def extract(
         for (name,) in list(conn.execute("SELECT name FROM temp.sqlite_schema WHERE type = 'table' AND name LIKE 'dl\\_%' ESCAPE '\\'")):
             conn.execute(f'DROP TABLE temp."{name}"')
         conn.execute("DETACH DATABASE dlt")
-    return now, rows
+    return Extract(now, rows, digests)
+
+
+def pointer_digest(conn: apsw.Connection, schema: str, table: str, key: str, pointer: str, bound: int | None = None) -> tuple[int, int]:
+    """(rows, digest) of a pointer table's (key, pointer) pairs: the digest is a
+    sum of 64-bit hashes, so a row's part can be taken out and put back."""
+    within = f"WHERE rowid <= {int(bound)}" if bound is not None else ""
+    count = total = 0
+    for k, head in conn.execute(f'SELECT "{key}", "{pointer}" FROM {schema}."{table}" {within}'):
+        count += 1
+        total += row_hash(k, head)
+    return count, total % (1 << 64)
+
+
+def row_hash(key: object, head: object) -> int:
+    return int.from_bytes(hashlib.blake2b(repr((key, head)).encode(), digest_size=8).digest(), "big")
 
 
 def _create(fmt: Format, out: Path) -> None:
@@ -82,7 +125,12 @@ def _create(fmt: Format, out: Path) -> None:
 
 
 def _fill(
-    conn: apsw.Connection, fmt: Format, marks: Marks, present: set[str], now: dict[str, tuple[int, str | None]]
+    conn: apsw.Connection,
+    fmt: Format,
+    since: dict[str, tuple[int, str | None]],
+    present: set[str],
+    now: dict[str, tuple[int, str | None]],
+    snapshot: int | None,
 ) -> dict[str, int]:
     """Choose each table's rows (referrers before what they refer to), then copy them."""
     order = [t for t in fmt.merge_order if t.name in present]
@@ -92,17 +140,19 @@ def _fill(
             conn.execute(f'CREATE TEMP TABLE "dl_need_{table.name}" (id INTEGER PRIMARY KEY)')
     for table in reversed(order):
         name = table.name
-        low = marks.tables.get(name, (0, None))[0]
+        low = since.get(name, (0, None))[0]
         high = now[name][0]
         chosen = f'INSERT OR IGNORE INTO temp."dl_{name}" SELECT rowid FROM src."{name}"'
         conn.execute(f"{chosen} WHERE rowid > ? AND rowid <= ?", (low, high))
-        if table.pointer:
+        if table.pointer and snapshot is not None:
             key = table.natural_key[0]
             conn.execute(
                 f"{chosen} s WHERE s.rowid <= ? AND NOT EXISTS (SELECT 1 FROM main._dagsync_mark_pointers p "
                 f'WHERE p.source = ? AND p.tbl = ? AND p.key = s."{key}" AND p.head IS s."{table.pointer}")',
-                (high, marks.entry, name),
+                (high, snapshot, name),
             )
+        elif table.pointer:
+            _touched(conn, fmt, table, since, now, present)
         if table.key is Key.INTEGER:
             conn.execute(f'{chosen} WHERE id IN (SELECT id FROM temp."dl_need_{name}") AND rowid <= ?', (high,))
         # What the chosen rows refer to must come too: by integer id always, by
@@ -114,7 +164,7 @@ def _fill(
                     f'INSERT OR IGNORE INTO temp."dl_need_{ref}" SELECT s."{column}" FROM {rows} '
                     f'WHERE s."{column}" IS NOT NULL'
                 )
-            if ref != name and fmt.table(ref).key is Key.TEXT and ref in present:
+            if ref != name and fmt.table(ref).key is Key.TEXT and ref in present and snapshot is not None:
                 # A row referred to that the target lacks comes too, wherever it lies
                 # (a content-keyed row llm logged again, moved past its mark).
                 ref_key = fmt.table(ref).natural_key[0]
@@ -147,7 +197,7 @@ def _fill(
             columns = _shared_columns(conn, name)
             conn.execute(
                 f'INSERT INTO dlt."{name}" ({columns}) SELECT {columns} FROM src."{name}" WHERE rowid > ? AND rowid <= ?',
-                (marks.tables.get(name, (0, None))[0], now[name][0]),
+                (since.get(name, (0, None))[0], now[name][0]),
             )
             written[name] = conn.changes()
     if bookkeeping.has(conn, "_dagsync_origins", "src"):
@@ -159,6 +209,32 @@ def _fill(
                     (table.name,),
                 )
     return written
+
+
+def _touched(
+    conn: apsw.Connection,
+    fmt: Format,
+    table: Table,
+    since: dict[str, tuple[int, str | None]],
+    now: dict[str, tuple[int, str | None]],
+    present: set[str],
+) -> None:
+    """The pointer rows a bundle carries though they lie below their mark: those
+    pointing at a message beyond its mark, or named by a call or a fork beyond theirs."""
+    name, key, pointer = table.name, table.natural_key[0], table.pointer
+    chosen = f'INSERT OR IGNORE INTO temp."dl_{name}" SELECT rowid FROM src."{name}" s WHERE s.rowid <= ? AND '
+
+    def beyond(other: str, column: str) -> str:
+        low, high = since.get(other, (0, None))[0], now[other][0]
+        return f'(SELECT x."{column}" FROM src."{other}" x WHERE x.rowid > {int(low)} AND x.rowid <= {int(high)})'
+
+    high = now[name][0]
+    conn.execute(f'{chosen} s."{pointer}" IN {beyond("messages", fmt.message_key)}', (high,))
+    if fmt.call_conversation and fmt.call_table in present and table.name == fmt.conversation_table:
+        conn.execute(f'{chosen} s."{key}" IN {beyond(fmt.call_table, fmt.call_conversation)}', (high,))
+    if "_dagsync_forks" in present:
+        for column in ("key", "fork_key"):
+            conn.execute(f'{chosen} s."{key}" IN {beyond("_dagsync_forks", column)}', (high,))
 
 
 def _shared_columns(conn: apsw.Connection, table: str) -> str:

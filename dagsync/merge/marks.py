@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
@@ -37,7 +37,7 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.formats import Format, Key
 
-__all__ = ["Decision", "Marks", "decide", "identity", "key_sql", "marked_tables", "save", "taken"]
+__all__ = ["Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "save", "taken"]
 
 # dagsync's own tables a merge reads from a source, append-only: marked too.
 MARKED_BOOKKEEPING = {
@@ -64,11 +64,12 @@ class Decision:
     why_full: str | None = None  # None when incremental
     # The entry a full merge records its marks in (the file at this path before), if any.
     entry: int | None = None
-    tried: list[str] = field(default_factory=list)
+    # A bundle's record (bundle.Received): the source is the bundle, thin.
+    bundle: object | None = None
 
     @property
     def incremental(self) -> bool:
-        return self.marks is not None
+        return self.marks is not None and self.bundle is None
 
 
 def key_sql(fmt: Format, table: str) -> str:
@@ -143,7 +144,7 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
                 "SELECT tbl, mark, mark_key FROM main._dagsync_marks WHERE source = ?", (entry,)
             ))
         )  # fmt: skip
-        failure = _disproof(conn, fmt, marks, present)
+        failure = disproof(conn, fmt, marks, present)
         if failure is None:
             return Decision(ident, Marks(entry, at, marks), entry=entry)
         reasons.append(failure)
@@ -159,7 +160,7 @@ def _rewritten(conn: apsw.Connection) -> str | None:
     return None
 
 
-def _disproof(conn: apsw.Connection, fmt: Format, marks: dict[str, tuple[int, str | None]], present: set[str]) -> str | None:
+def disproof(conn: apsw.Connection, fmt: Format, marks: dict[str, tuple[int, str | None]], present: set[str]) -> str | None:
     """Why ``marks`` do not hold for the source ``src`` now, or None when they do."""
     # Rows keyed by their own content (attachments, fragments): llm logs one
     # again by replacing it, which moves it to the end of its table.
@@ -187,7 +188,7 @@ def save(
     conn: apsw.Connection,
     fmt: Format,
     decision: Decision,
-    source: Path,
+    source: str,
     label: str,
     marks: dict[str, tuple[int, str | None]],
     pointers: str,
@@ -198,7 +199,7 @@ def save(
     bookkeeping.ensure(conn)
     entry = decision.marks.entry if decision.marks else decision.entry
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    values = (decision.identity, str(source.resolve()), label, now, _rewritten(conn))
+    values = (decision.identity, source, label, now, _rewritten(conn))
     if entry is None:
         conn.execute(
             "INSERT INTO main._dagsync_sources (identity, path, label, merged_at, rewritten) VALUES (?, ?, ?, ?, ?)", values
