@@ -63,6 +63,8 @@ class BundleReport:
 def marks_of(target: str | os.PathLike[str]) -> dict:
     """What ``target`` has merged of each source: its identity, where it was,
     and the marks (table -> [rowid, key there]). Read-only."""
+    if not Path(target).exists() or not Path(target).stat().st_size:
+        return {"dagsync_marks": MARKS_VERSION, "format": None, "target": str(target), "exists": False, "sources": []}
     with open_unchecked_source(target) as db:
         sources = []
         if bookkeeping.has(db.conn, "_dagsync_sources"):
@@ -73,7 +75,10 @@ def marks_of(target: str | os.PathLike[str]) -> dict:
                     "SELECT tbl, mark, mark_key FROM _dagsync_marks WHERE source = ?", (entry,)
                 )}  # fmt: skip
                 sources.append({"identity": identity, "path": path, "label": label, "merged_at": merged_at, "marks": held})
-        return {"dagsync_marks": MARKS_VERSION, "format": db.format.name, "target": str(target), "sources": sources}
+        return {
+            "dagsync_marks": MARKS_VERSION, "format": db.format.name, "target": str(target), "exists": True,
+            "sources": sources,
+        }  # fmt: skip
 
 
 def make(
@@ -82,9 +87,11 @@ def make(
     out: str | os.PathLike[str],
     *,
     label: str | None = None,
+    all_pointers: bool = False,
 ) -> BundleReport:
     """Write to ``out`` (new, 0600) what ``source`` holds beyond the marks in
-    ``target_marks`` (``marks_of`` of the target; None: everything).
+    ``target_marks`` (``marks_of`` of the target; None: everything), and with
+    ``all_pointers`` every pointer row (thread tip, conversation head), moved or not.
 
     :raises DagsyncError: ``out`` exists, or the marks are of another format.
     """
@@ -112,11 +119,14 @@ def make(
             since, against, why = _against(conn, fmt, identity, target_marks, present)
         finally:
             conn.execute("COMMIT")
+        if all_pointers:
+            since = {t: m for t, m in since.items() if not (t in fmt.columns and _pointer(fmt, t))}
         made = delta.extract(conn, fmt, since, present, out, snapshot=None)
         _record(out, {
             "dagsync": __version__, "format": fmt.name, "identity": identity,
             "source": str(source.resolve()), "label": label or source_label(source),
-            "since": since, "now": made.now, "digests": made.digests,
+            "since": since, "now": made.now, "digests": made.digests, "rows": made.rows,
+            "against": against, "why_whole": why,
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })  # fmt: skip
     except BaseException:
@@ -128,6 +138,10 @@ def make(
         str(out), str(source), fmt.name, identity, against, why, made.rows, out.stat().st_size,
         round(time.perf_counter() - started, 3),
     )  # fmt: skip
+
+
+def _pointer(fmt: Format, table: str) -> bool:
+    return any(t.name == table and t.pointer for t in fmt.tables)
 
 
 def _quote(path: Path) -> str:
@@ -143,6 +157,8 @@ def _against(
     identity whose marks hold for it; none (the whole source) and why, else."""
     if target_marks is None:
         return {}, None, "no marks given"
+    if not target_marks.get("exists", True):
+        return {}, None, "a new target"
     reasons = []
     for entry in target_marks.get("sources", ()):
         if entry.get("identity") != identity:

@@ -7,9 +7,11 @@ the report itself). Each shows what happened and leaves out what did not.
 from __future__ import annotations
 
 from dagsync.blobs import PackReport
+from dagsync.bundle import BundleReport
 from dagsync.canonicalise import CanonicaliseReport
 from dagsync.gc import GcReport
 from dagsync.merge import MergeReport
+from dagsync.remote import RemoteSyncReport, TransferReport
 from dagsync.stats import Stats
 from dagsync.sync import SyncReport
 from dagsync.unpack import UnpackReport
@@ -187,3 +189,48 @@ def unpack(r: UnpackReport) -> str:
         f"({r.format} format, {r.seconds:.1f}s)\n  file {human_bytes(r.file_bytes_before)} -> "
         f"{human_bytes(r.file_bytes_after)}{tail}"
     )
+
+
+def marks(doc: dict) -> str:
+    if not doc.get("exists", True):
+        return f"{doc['target']}: no such database yet (a push creates it)"
+    if not doc["sources"]:
+        return f"{doc['target']}: no marks yet (no source merged since dagsync began keeping them)"
+    lines = [f"{doc['target']}: marks of {len(doc['sources'])} source(s)"]
+    for entry in doc["sources"]:
+        held = entry["marks"]
+        messages = held.get("messages", [0])[0]
+        calls = max((held.get(t, [0])[0] for t in ("turns", "calls")), default=0)
+        lines.append(
+            f"  {entry['label']:<16} {entry['path']}  merged {entry['merged_at']}  "
+            f"(messages to row {messages:,}, calls to row {calls:,})"
+        )
+    return "\n".join(lines)
+
+
+def bundle(r: BundleReport) -> str:
+    against = f"beyond the marks {r.against} left" if r.against else f"the whole source ({r.why_whole})"
+    lines = [f"{r.bundle}: {r.total_rows:,} rows of {r.source}, {r.bytes:,} bytes: {against}"]
+    lines += [f"  {t:<26} {n:,}" for t, n in r.rows.items() if n]
+    return "\n".join(lines)
+
+
+def transfer(r: TransferReport) -> str:
+    rows = sum(r.rows.values())
+    verb = ("would push" if r.dry_run else "pushed") if r.direction == "push" else ("would pull" if r.dry_run else "pulled")
+    sent = f"{r.sent_bytes:,} bytes {'to send' if r.dry_run else 'sent'}, {r.bundle_bytes:,} uncompressed"
+    what = f"{verb} {rows:,} rows in {r.seconds:.1f}s ({sent})" if rows else f"nothing new to {r.direction} ({sent})"
+    lines = [f"{r.source} -> {r.target}: {what}"]
+    if r.against is None:
+        lines.append(f"  the whole source: {r.why_whole}")
+    if r.all_pointers:
+        lines.append("  sent again with every pointer row: the first bundle left out one its source moved in place")
+    lines += [f"    {t:<26} {n:,}" for t, n in r.rows.items() if n]
+    if r.merged is not None and not r.dry_run and rows:
+        where = "there" if r.direction == "push" else "here"
+        lines.append(f"  merged {where}: {r.written:,} rows written")
+    return "\n".join(lines)
+
+
+def remote_sync(r: RemoteSyncReport) -> str:
+    return "\n".join(transfer(t) for t in (r.pulled, r.pushed, r.settle) if t)

@@ -1,0 +1,379 @@
+"""push, pull and sync over ssh: the system's OpenSSH client runs dagsync on
+the other machine, as git and rsync do. No protocol of our own beyond a
+stream: a bundle (``dagsync.bundle``), compressed.
+
+* ``push SOURCE HOST:PATH``: one ssh session asks the remote target for its
+  marks (``dagsync marks --json PATH``); the bundle of what lies beyond them
+  is made here and streams to a second (``dagsync receive PATH``), which
+  merges it there.
+* ``pull HOST:PATH TARGET``: one ssh session takes this target's marks on its
+  input (``dagsync send PATH``) and streams back the bundle, merged here.
+
+On the wire a bundle is one header line, ``DAGSYNC-BUNDLE 1 <bytes>
+<sha256>``, then the file in one zstd frame. The receiving side writes it to a
+new file (0600) beside the target and merges it only once its size and hash
+are right, so a connection cut at any byte leaves the target as it was (or,
+cut during the merge, consistent: the merge is crash-safe), and the next push
+completes it. A bundle leaving out a pointer row its source moved in place is
+refused by the target; push and pull then send one with every pointer row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+
+from dagsync import bundle
+from dagsync.errors import DagsyncError
+from dagsync.merge import MergeReport, merge
+
+__all__ = ["Remote", "RemoteSyncReport", "Transport", "TransferReport", "parse", "pull", "push", "read_wire", "sync", "write_wire"]
+
+MAGIC = b"DAGSYNC-BUNDLE 1"
+CHUNK = 1 << 20
+LEVEL = 3
+# What the remote's refusal of a bundle that left out moved pointers says (bundle.received).
+LEFT_OUT = "make the bundle again with --all-pointers"
+
+
+@dataclass(frozen=True)
+class Remote:
+    host: str  # [USER@]HOST
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.path}"
+
+
+def parse(spec: str | os.PathLike[str]) -> Remote | None:
+    """``[USER@]HOST:PATH`` as rsync reads it (a colon before any slash), else None: a local path."""
+    text = str(spec)
+    match = re.fullmatch(r"([^:/\s]+):(.*)", text)
+    if match is None or Path(text).exists():
+        return None
+    if not match.group(2):
+        raise DagsyncError(f"{text} names no file on {match.group(1)}; give HOST:PATH")
+    return Remote(match.group(1), match.group(2))
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How to reach the other machine: ``rsh``, the ssh command (``-e`` as in
+    rsync: ``ssh -p 2222``), and ``remote_dagsync``, the command that runs
+    dagsync there (a shell word or words, as rsync's ``--rsync-path``)."""
+
+    rsh: str = "ssh"
+    remote_dagsync: str = "dagsync"
+
+    def command(self, remote: Remote, *args: str) -> list[str]:
+        words = shlex.split(self.rsh)
+        if not words:
+            raise DagsyncError("--rsh is empty; give the ssh command, for example 'ssh -p 2222'")
+        line = " ".join([self.remote_dagsync, *(shlex.quote(a) for a in args)])
+        return [*words, "-o", "BatchMode=yes", remote.host, line]
+
+    def failure(self, remote: Remote, status: int, stderr: bytes) -> DagsyncError:
+        """One line for what went wrong on the way to, or on, the other machine."""
+        lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else f"exit status {status}"
+        said = next((line.removeprefix("Error: ").strip() for line in lines if line.startswith("Error: ")), None)
+        if status == 255:
+            return DagsyncError(f"ssh to {remote.host} failed: {last}; nothing was written")
+        if status == 127 or "command not found" in last or "No such file or directory" in last and not said:
+            return DagsyncError(
+                f"{remote.host} has no {self.remote_dagsync!r} to run (dagsync is not installed there, or not on "
+                "the PATH ssh gives it): install dagsync there, or name it with --remote-dagsync"
+            )
+        if status == 2 and ("No such command" in last or "no such option" in last.lower()):
+            return DagsyncError(
+                f"the dagsync on {remote.host} is too old for push and pull ({last}); upgrade it there"
+            )
+        if said is not None:
+            return DagsyncError(f"on {remote.host}: {said}")
+        return DagsyncError(f"dagsync on {remote.host} failed: {last}")
+
+    def json(self, remote: Remote, *args: str, stdin: bytes = b"") -> dict:
+        """Run dagsync there and read the JSON it prints."""
+        done = subprocess.run(self.command(remote, *args), input=stdin, capture_output=True)
+        if done.returncode != 0:
+            raise self.failure(remote, done.returncode, done.stderr)
+        try:
+            return json.loads(done.stdout)
+        except ValueError:
+            raise DagsyncError(
+                f"dagsync on {remote.host} answered with something other than JSON; is {self.remote_dagsync!r} dagsync?"
+            ) from None
+
+
+# -- the wire ------------------------------------------------------------------------------
+
+
+def write_wire(path: Path, out: IO[bytes]) -> int:
+    """Write the bundle at ``path`` to ``out``: header, then one zstd frame. Bytes written."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+            size += len(block)
+    header = MAGIC + f" {size} {digest.hexdigest()}\n".encode()
+    out.write(header)
+    counted = _Counting(out)
+    with open(path, "rb") as f:
+        zstandard.ZstdCompressor(level=LEVEL, write_checksum=True).copy_stream(f, counted, size=size)
+    out.flush()
+    return len(header) + counted.n
+
+
+def read_wire(stream: IO[bytes], dest: Path) -> int:
+    """Read a bundle from ``stream`` into ``dest`` (a new file, 0600), proving it
+    whole; the bytes read off the wire.
+
+    :raises DagsyncError: not a bundle, or it arrived incomplete or changed.
+    """
+    header = stream.readline(200)
+    parts = header.split()
+    if len(parts) != 4 or b" ".join(parts[:2]) != MAGIC or not parts[2].isdigit():
+        raise DagsyncError("what arrived is not a dagsync bundle (a dagsync of another version at the other end?)")
+    size, expected = int(parts[2]), parts[3].decode()
+    digest, got = hashlib.sha256(), 0
+    wire = _CountingReader(stream)
+    fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out, zstandard.ZstdDecompressor().stream_reader(wire) as reader:
+            for block in iter(lambda: reader.read(CHUNK), b""):
+                digest.update(block)
+                got += len(block)
+                out.write(block)
+    except zstandard.ZstdError as exc:
+        raise DagsyncError(f"the bundle arrived damaged ({exc}); nothing was merged - run it again") from None
+    if got != size or digest.hexdigest() != expected:
+        raise DagsyncError(
+            f"the bundle arrived incomplete ({got:,} of {size:,} bytes; the connection was cut?); "
+            "nothing was merged - run it again"
+        )
+    return len(header) + wire.n
+
+
+class _CountingReader:
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream, self.n = stream, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.n += len(data)
+        return data
+
+
+class _Counting:
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out, self.n = out, 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.n += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def scratch_beside(target: Path, prefix: str) -> Iterator[Path]:
+    """A name for a new file in ``target``'s directory (the same file system), removed afterwards."""
+    directory = target.parent if str(target.parent) else Path(".")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".{target.name}.{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+# -- push and pull -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransferReport:
+    """What a push or a pull sent and what the receiving side merged."""
+
+    direction: str  # "push" or "pull"
+    source: str
+    target: str
+    dry_run: bool
+    rows: dict[str, int]  # rows per table in the bundle
+    bundle_bytes: int  # the bundle file
+    sent_bytes: int  # on the wire, compressed
+    against: str | None  # the marks the bundle was made against (the path recorded there); None: the whole source
+    why_whole: str | None
+    all_pointers: bool  # sent again with every pointer row (the target refused the first)
+    merged: dict[str, Any] | None  # the receiving merge's report
+    seconds: float
+
+    @property
+    def written(self) -> int:
+        if not self.merged:
+            return 0
+        return sum(t["added"] + t["updated"] + t["forked"] + t["moved"] for s in self.merged["sources"] for t in s["tables"])
+
+
+def push(
+    source: str | os.PathLike[str],
+    remote: Remote,
+    transport: Transport,
+    *,
+    dry_run: bool = False,
+    label: str | None = None,
+) -> TransferReport:
+    """Bring ``remote`` up to date with ``source``: its marks fetched, the bundle
+    of what lies beyond them sent and merged there."""
+    started = time.perf_counter()
+    held = transport.json(remote, "marks", "--json", remote.path)
+    with tempfile.TemporaryDirectory(prefix="dagsync-push-") as d:
+        for all_pointers in (False, True):
+            out = Path(d) / f"bundle-{int(all_pointers)}.db"
+            made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
+            if dry_run:
+                with open(os.devnull, "wb") as nowhere:
+                    sent = write_wire(out, nowhere)
+                return _report("push", source, remote, True, made, sent, all_pointers, None, started)
+            command = transport.command(remote, "receive", "--json", remote.path)
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                assert proc.stdin is not None
+                sent = write_wire(out, proc.stdin)
+                proc.stdin.close()
+            except BrokenPipeError:
+                sent = 0
+            assert proc.stdout is not None and proc.stderr is not None
+            stdout, stderr = proc.stdout.read(), proc.stderr.read()  # a report and an error line at most
+            proc.wait()
+            if proc.returncode == 0:
+                return _report("push", source, remote, False, made, sent, all_pointers, json.loads(stdout), started)
+            failure = transport.failure(remote, proc.returncode, stderr)
+            if LEFT_OUT not in str(failure) or all_pointers:
+                raise failure
+    raise AssertionError("unreachable")
+
+
+def pull(
+    remote: Remote,
+    target: str | os.PathLike[str],
+    transport: Transport,
+    *,
+    dry_run: bool = False,
+    label: str | None = None,
+) -> TransferReport:
+    """Bring ``target`` up to date with ``remote``: the bundle of what lies beyond
+    this target's marks, made there, merged here."""
+    started = time.perf_counter()
+    target = Path(target)
+    held = bundle.marks_of(target) if target.exists() and target.stat().st_size else {"sources": [], "exists": False}
+    with scratch_beside(target, "dagsync-pull") as landing:
+        for all_pointers in (False, True):
+            args = ["send", remote.path] + (["--all-pointers"] if all_pointers else [])
+            if label:
+                args += ["--label", label]
+            proc = subprocess.Popen(
+                transport.command(remote, *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            proc.stdin.write(json.dumps(held).encode())
+            proc.stdin.close()
+            landing.unlink(missing_ok=True)
+            try:
+                got = read_wire(proc.stdout, landing)
+            except DagsyncError as exc:
+                status = proc.wait()
+                stderr = proc.stderr.read()
+                if status != 0:
+                    raise transport.failure(remote, status, stderr) from None
+                raise exc
+            status = proc.wait()
+            if status != 0:
+                raise transport.failure(remote, status, proc.stderr.read())
+            made = _made(landing, landing.stat().st_size)
+            try:
+                report = merge(target, [landing], dry_run=dry_run)
+            except DagsyncError as exc:
+                if LEFT_OUT in str(exc) and not all_pointers:
+                    continue
+                raise
+            merged = json.loads(json.dumps(_asdict(report)))
+            return _report("pull", remote, target, dry_run, made, got, all_pointers, merged, started)
+    raise AssertionError("unreachable")
+
+
+def _made(path: Path, size: int) -> bundle.BundleReport:
+    """A received bundle described as ``bundle.make`` describes one it made."""
+    import apsw
+
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        found = bundle.meta(conn, "main") or {}
+        rows = {t: n for t, n in found.get("rows", {}).items()}
+    finally:
+        conn.close()
+    return bundle.BundleReport(
+        str(path), found.get("source", ""), found.get("format", ""), found.get("identity", ""),
+        found.get("against"), found.get("why_whole"), rows, size, 0.0,
+    )  # fmt: skip
+
+
+def _asdict(report: MergeReport) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(report)
+
+
+def _report(
+    direction: str, source: object, target: object, dry_run: bool, made: bundle.BundleReport, sent: int,
+    all_pointers: bool, merged: dict | None, started: float,
+) -> TransferReport:  # fmt: skip
+    return TransferReport(
+        direction, str(source), str(target), dry_run, made.rows, made.bytes, sent, made.against, made.why_whole,
+        all_pointers, merged, round(time.perf_counter() - started, 3),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RemoteSyncReport:
+    """``sync LOCAL HOST:PATH``: pulled, pushed, and pulled once more when the push added forks there."""
+
+    pulled: TransferReport
+    pushed: TransferReport
+    settle: TransferReport | None = None
+
+
+def sync(
+    local: str | os.PathLike[str],
+    remote: Remote,
+    transport: Transport,
+    *,
+    dry_run: bool = False,
+    labels: tuple[str | None, str | None] = (None, None),
+) -> RemoteSyncReport:
+    """Make ``local`` and ``remote`` hold the same history: pull, then push, then
+    pull the fork rows the push added there (as ``dagsync.sync`` does for two files)."""
+    label_local, label_remote = labels
+    pulled = pull(remote, local, transport, dry_run=dry_run, label=label_remote)
+    pushed = push(local, remote, transport, dry_run=dry_run, label=label_local)
+    settle = None
+    changed = pushed.merged and any(
+        t["forked"] or t["moved"] for s in pushed.merged["sources"] for t in s["tables"]
+    )
+    if changed and not dry_run:
+        settle = pull(remote, local, transport, label=label_remote)
+    return RemoteSyncReport(pulled, pushed, settle)

@@ -1,0 +1,213 @@
+"""push, pull and sync over a real OpenSSH server on 127.0.0.1 (tests/sshd.py).
+
+The "other machine" is this one, reached through ssh with its own keys, and
+running dagsync there as ``python -m dagsync`` (``--remote-dagsync``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dagsync.merge import merge
+from dagsync.remote import Remote, Transport, pull, push, sync
+from dagsync.verify import verify
+from tests import sshd
+from tests.test_fork_histories import machines, prompt
+from tests.test_incremental import rows
+
+CUT = Path(__file__).with_name("cut_rsh.py")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    running = sshd.start(tmp_path_factory.mktemp("sshd"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def transport(server) -> Transport:
+    return Transport(server.rsh, server.remote_dagsync)
+
+
+def far(server, path: Path) -> Remote:
+    return Remote(server.host, str(path))
+
+
+def dagsync(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dagsync", *args], capture_output=True, text=True)
+
+
+def test_push_creates_the_far_database_then_sends_only_what_is_new(server, transport, tmp_path):
+    with machines() as (files, clock):
+        laptop, _, _ = files
+        hub = tmp_path / "hub.db"
+        first = push(laptop, far(server, hub), transport)
+        assert (first.against, first.why_whole) == (None, "a new target")
+        assert stat.S_IMODE(hub.stat().st_mode) == 0o600
+        assert rows(hub)["calls"] == rows(laptop)["calls"]
+        prompt(laptop, clock, 0, "more")
+        reference = tmp_path / "reference.db"
+        shutil.copyfile(hub, reference)
+        second = push(laptop, far(server, hub), transport)
+        assert second.against == str(laptop.resolve()) and second.why_whole is None
+        assert second.rows["messages"] == 2 and second.rows["calls"] == 1
+        assert second.sent_bytes < first.sent_bytes
+        merge(reference, [laptop], full=True, target_label="hub")
+        assert rows(hub) == rows(reference)
+        third = push(laptop, far(server, hub), transport)
+        assert third.written == 0 and sum(third.rows.values()) == 0
+        assert verify(hub).problems == ()
+
+
+def test_pull_and_sync_make_both_sides_hold_one_history(server, transport, tmp_path):
+    with machines() as (files, clock):
+        laptop, desk, _ = files
+        hub = tmp_path / "hub.db"
+        push(laptop, far(server, hub), transport)
+        prompt(desk, clock, 0, "desk")  # the same conversation, on another branch
+        prompt(laptop, clock, 0, "laptop")
+        push(laptop, far(server, hub), transport)
+        pulled = pull(far(server, hub), desk, transport)
+        assert pulled.written > 0
+        report = sync(desk, far(server, hub), transport)
+        assert report.pushed.written > 0
+        again = sync(desk, far(server, hub), transport)
+        assert again.pulled.written == 0 and again.pushed.written == 0
+        mine, theirs = rows(desk), rows(hub)
+        for table in ("messages", "message_parts", "calls", "conversations"):
+            assert mine[table] == theirs[table], table
+
+
+def test_the_command_line_and_the_llm_plugin_push_and_pull(server, tmp_path):
+    with machines() as (files, clock):
+        laptop, desk, _ = files
+        hub = tmp_path / "hub.db"
+        ssh = ["-e", server.rsh, "--remote-dagsync", server.remote_dagsync]
+        done = dagsync("push", str(laptop), f"{server.host}:{hub}", *ssh, "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["direction"] == "push" and report["why_whole"] == "a new target"
+        done = dagsync("push", str(laptop), f"{server.host}:{hub}", *ssh)
+        (line,) = done.stdout.splitlines()
+        assert re.fullmatch(
+            re.escape(f"{laptop} -> {server.host}:{hub}: nothing new to push (") + r"[\d,]+ bytes sent, [\d,]+ uncompressed\)",
+            line,
+        ), line
+        prompt(laptop, clock, 1, "dry")
+        dry = dagsync("push", str(laptop), f"{server.host}:{hub}", *ssh, "--dry-run", "--json")
+        assert json.loads(dry.stdout)["rows"]["calls"] == 1 and json.loads(dry.stdout)["merged"] is None
+        quiet = dagsync("pull", f"{server.host}:{hub}", str(desk), *ssh, "--quiet")
+        assert (quiet.returncode, quiet.stdout) == (0, "")
+        plugin = subprocess.run(
+            [sys.executable, "-m", "llm", "dagsync", "push", str(laptop), f"{server.host}:{hub}", *ssh, "--json"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if plugin.returncode == 0:
+            assert json.loads(plugin.stdout)["rows"]["calls"] == 1
+        else:
+            pytest.importorskip("llm")
+            raise AssertionError(plugin.stderr)
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("no dagsync", "{host} has no '/nonexistent/dagsync' to run (dagsync is not installed there, or not on the "
+         "PATH ssh gives it): install dagsync there, or name it with --remote-dagsync"),
+        ("old dagsync", "the dagsync on {host} is too old for push and pull (Error: No such command 'marks'.); upgrade it there"),
+        ("host key", "ssh to {host} failed: Host key verification failed.; nothing was written"),
+        ("not a database", "on {host}: {hub} is not a SQLite database (it does not start with the SQLite header)"),
+    ],
+)  # fmt: skip
+def test_each_failure_at_the_other_end_is_one_line_and_writes_nothing(server, tmp_path, how, expected):
+    with machines() as (files, _):
+        laptop = files[0]
+        hub = tmp_path / "hub.db"
+        rsh, remote = server.rsh, server.remote_dagsync
+        if how == "no dagsync":
+            remote = "/nonexistent/dagsync"
+        elif how == "old dagsync":
+            remote = "sh -c 'echo \"Error: No such command '\"'\"'marks'\"'\"'.\" >&2; exit 2' --"
+        elif how == "host key":
+            wrong = tmp_path / "known_hosts"
+            wrong.write_text(f"[127.0.0.1]:{server.port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+            rsh = rsh.replace(str(Path(rsh.split("UserKnownHostsFile=")[1].split()[0])), str(wrong))
+        else:
+            hub.write_text("a text file, not a database\n")
+        before = laptop.read_bytes()
+        done = dagsync("push", str(laptop), f"{server.host}:{hub}", "-e", rsh, "--remote-dagsync", remote)
+        assert done.returncode == 1
+        line = done.stderr.strip()
+        assert "\n" not in line
+        assert line.startswith("Error: " + expected.format(host=server.host, hub=hub)), line
+        assert laptop.read_bytes() == before
+        assert how == "not a database" or not hub.exists()
+
+
+def _cut(server, direction: str, limit: int) -> Transport:
+    return Transport(f"{shlex.quote(sys.executable)} {CUT} {direction} {limit} {server.rsh}", server.remote_dagsync)
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_a_connection_cut_at_any_byte_leaves_the_receiving_side_consistent_and_the_next_run_completes(
+    server, transport, tmp_path, direction
+):
+    rng = random.Random(7)
+    with machines() as (files, clock):
+        laptop, desk, _ = files
+        hub = tmp_path / "hub.db"
+        push(laptop, far(server, hub), transport)
+        pull(far(server, hub), desk, transport)
+        for word in ("a", "b", "c"):
+            prompt(laptop, clock, 0, word)
+        push(laptop, far(server, hub), transport)
+        prompt(laptop, clock, 1, "new")
+        receiving = hub if direction == "push" else desk
+        # What an uninterrupted run leaves.
+        whole = tmp_path / "whole.db"
+        shutil.copyfile(receiving, whole)
+        if direction == "push":
+            size = push(laptop, far(server, whole), transport).sent_bytes
+        else:
+            size = pull(far(server, hub), whole, transport).sent_bytes
+        before = rows(receiving)
+        for limit in sorted(rng.sample(range(size), 20)):
+            cut = _cut(server, "up" if direction == "push" else "down", limit)
+            with pytest.raises(Exception) as failure:
+                if direction == "push":
+                    push(laptop, far(server, hub), cut)
+                else:
+                    pull(far(server, hub), desk, cut)
+            assert "\n" not in str(failure.value)
+            time.sleep(0.1)
+            assert verify(receiving).problems == ()
+            assert rows(receiving) == before
+        if direction == "push":
+            push(laptop, far(server, hub), transport)
+        else:
+            pull(far(server, hub), desk, transport)
+        assert rows(receiving) == rows(whole)
+
+
+def test_no_leftover_files_beside_the_receiving_database(server, transport, tmp_path):
+    with machines() as (files, clock):
+        laptop = files[0]
+        hub = tmp_path / "hub.db"
+        push(laptop, far(server, hub), transport)
+        prompt(laptop, clock, 0, "x")
+        push(laptop, far(server, hub), transport)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hub.db"]
+        assert not [p for p in os.listdir(tmp_path) if "dagsync-push" in p]
