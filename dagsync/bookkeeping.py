@@ -92,7 +92,7 @@ def rewritten(conn: apsw.Connection, by: str) -> None:
     """Record that ``by`` (gc, canonicalise, unpack) deleted or rewrote rows of
     this file: marks made before no longer hold (merge.marks). Call inside the
     write transaction that does it. A file that holds no marks gets nothing."""
-    if not has(conn, "_dagsync_sources"):
+    if not has(conn, "_dagsync_sources") or not any(conn.execute("SELECT 1 FROM _dagsync_sources LIMIT 1")):
         return
     stamp = f"{by} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
     conn.execute("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES ('rewritten', ?)", (stamp,))
