@@ -362,7 +362,7 @@ def _record_marks(run: SourceMerge, decision: marks.Decision, after: dict[str, t
         if decision.marks is not None and any(now.get(t, (0, None))[0] < m for t, (m, _) in decision.marks.tables.items()):
             return  # an older bundle than what the target has merged of its source since
     with run.writer.transaction():
-        marks.save(run.conn, run.fmt, decision, source, run.label, now, "src")
+        marks.save(run.conn, run.fmt, decision, source, run.label, now, "src" if run.thin else "temp")
 
 
 def _kind(table: Table) -> ModuleType:

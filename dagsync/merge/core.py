@@ -135,6 +135,14 @@ class SourceMerge:
             else:
                 self.taken = marks.taken(self.conn, self.fmt, "src", self.source_tables)
                 self.bounds = {name: high for name, (high, _) in self.taken.items()}
+                # The pointer rows as of these bounds, for the marks (marks.save).
+                for table in self.order:
+                    if table.pointer:
+                        self.conn.execute(
+                            f'CREATE TEMP TABLE "marked_{table.name}" AS SELECT "{table.natural_key[0]}", '
+                            f'"{table.pointer}" FROM src."{table.name}" WHERE rowid <= ?',
+                            (self.bounds[table.name],),
+                        )
         except BaseException:
             # An I/O error has rolled the read back already.
             if self.conn.in_transaction:

@@ -194,7 +194,9 @@ def save(
     pointers: str,
 ) -> None:
     """Record ``marks`` for the source, and its pointer rows as ``pointers``
-    (a schema holding them: ``src``, the source or the delta merged) has them.
+    has them: ``src`` (a delta or a bundle, read whole), or ``temp`` (the
+    source's rows as of the merge's bounds, ``core.SourceMerge.attach``),
+    where they point at a message the merge's plan held (``temp.msg_map``).
     Call inside the merge's last write transaction."""
     bookkeeping.ensure(conn)
     entry = decision.marks.entry if decision.marks else decision.entry
@@ -221,10 +223,13 @@ def save(
     for table in fmt.tables:
         if table.pointer and table.name in marks:
             key = table.natural_key[0]
+            rows = f'{pointers}."{table.name}"' if pointers != "temp" else f'temp."marked_{table.name}"'
             conn.execute(
                 f'INSERT OR REPLACE INTO main._dagsync_mark_pointers (source, tbl, key, head) SELECT ?, ?, s."{key}", '
-                f's."{table.pointer}" FROM {pointers}."{table.name}" s WHERE s.rowid <= ? AND NOT EXISTS '
+                f's."{table.pointer}" FROM {rows} s WHERE NOT EXISTS '
                 "(SELECT 1 FROM main._dagsync_mark_pointers p WHERE p.source = ? AND p.tbl = ? "
-                f'AND p.key = s."{key}" AND p.head IS s."{table.pointer}")',
-                (entry, table.name, marks[table.name][0], entry, table.name),
+                f'AND p.key = s."{key}" AND p.head IS s."{table.pointer}") '
+                # A head the plan did not hold (a source damaged there) is not recorded: the next merge looks again.
+                f'AND (s."{table.pointer}" IS NULL OR EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s."{table.pointer}"))',
+                (entry, table.name, entry, table.name),
             )
