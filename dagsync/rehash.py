@@ -106,8 +106,11 @@ def dag_failures(rows: Iterable[tuple], blobs: Blobs, *, blob_errors: bool = Fal
 class LlmLookups:
     """The fragments and attachments llm messages of one schema refer to, read back."""
 
-    def __init__(self, conn: apsw.Connection, blobs: Blobs, schema: str = "main") -> None:
-        self.conn, self.blobs, self.schema = conn, blobs, schema
+    def __init__(self, conn: apsw.Connection, blobs: Blobs, schema: str = "main", also: str | None = None) -> None:
+        # ``also``: a schema to look in for an attachment ``schema`` lacks (a thin
+        # source's target: the attachment may have been merged before).
+        self.conn, self.blobs, self.schema, self.also = conn, blobs, schema, also
+        self.also_blobs = Blobs(conn, also) if also is not None else None
 
     def fragment(self, fid: int) -> str | None:
         row = next(iter(self.conn.execute(
@@ -116,10 +119,17 @@ class LlmLookups:
         return None if row is None else _resolved(self.blobs, _text(*row))
 
     def attachment(self, aid: str) -> tuple[Any, ...] | None:
-        row = next(iter(self.conn.execute(
-            f"SELECT type, path, url, content FROM {self.schema}.attachments WHERE id = ?", (aid,)
-        )), None)  # fmt: skip
-        return None if row is None else (*row[:3], self.blobs.resolve(row[3], "blob"))
+        for schema in (self.schema, self.also):
+            if schema is None:
+                continue
+            row = next(iter(self.conn.execute(
+                f"SELECT type, path, url, content FROM {schema}.attachments WHERE id = ?", (aid,)
+            )), None)  # fmt: skip
+            if row is not None:
+                blobs = self.blobs if schema == self.schema else self.also_blobs
+                assert blobs is not None
+                return (*row[:3], blobs.resolve(row[3], "blob"))
+        return None
 
 
 def llm_failures(rows: Iterable[tuple], lookups: LlmLookups, *, blob_errors: bool = False) -> Iterator[tuple[str, str]]:

@@ -72,6 +72,9 @@ class MessageProofs:
 
     def __init__(self, run: SourceMerge, key: Key) -> None:
         self.source = run.source
+        self.file = run.file  # what is copied: the source, or its delta or bundle
+        # A thin file's messages may refer to attachments only the target holds.
+        self.target = run.db.path if run.thin else None
         self.key = key
         self.failure: BaseException | None = None
         self._stop = threading.Event()
@@ -98,11 +101,14 @@ class MessageProofs:
 
     def _run(self, keys: Path) -> None:
         try:
-            conn = apsw.Connection(str(self.source), flags=apsw.SQLITE_OPEN_READONLY)
+            conn = apsw.Connection(str(self.file), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
             try:
                 harden(conn)
                 conn.setbusytimeout(BUSY_TIMEOUT_MS)
                 conn.execute("ATTACH DATABASE ? AS proof", (str(keys),))
+                if self.target is not None:
+                    uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
+                    conn.execute("ATTACH DATABASE ? AS target", (uri,))
                 self._prove(conn)
             finally:
                 conn.close()
@@ -122,7 +128,8 @@ class MessageProofs:
                 f"SELECT {LLM_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.hash = k.key "
                 "LEFT JOIN main.parts p ON p.message_hash = m.hash ORDER BY k.seq, p.position"
             )
-            failures = llm_failures(self._until_stopped(rows), LlmLookups(conn, blobs), blob_errors=True)
+            lookups = LlmLookups(conn, blobs, also="target" if self.target is not None else None)
+            failures = llm_failures(self._until_stopped(rows), lookups, blob_errors=True)
         for key, what in failures:
             self.failure = DamagedSource(
                 f"{self.source}: message {key} does not match its key: {what}; it was not copied, "

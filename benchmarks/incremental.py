@@ -1,0 +1,281 @@
+"""Benchmark consolidation that costs what is new (issue 4/6), both formats,
+against the DESIGN.md floor for the same databases measured in the same run.
+
+    .venv/bin/python benchmarks/incremental.py                       # both formats, 55,000 and 5,500 conversations
+    .venv/bin/python benchmarks/incremental.py --formats llm --scales 5500 --repeat 1
+    .venv/bin/python benchmarks/incremental.py --quick                # a small smoke run
+
+For each format and scale, the family of two machines that ``merge.py`` /
+``merge_llm.py`` use (cached in ``bench-data/``): machine 1 is the target,
+machine 2 the source. The target merges the source once (its marks are
+recorded), then the source gains about 1% more rows (``fixtures`` ``grow``:
+threads continued, their tips moved, and new ones). Each round, one after
+another, each in its own child process:
+
+* **floor**: the raw-SQLite copy of ``merge.py`` (machine 2 into a copy of machine 1);
+* **(a) re-merge, nothing new**: the merged target, the same source again;
+* **(b) merge of the 1%**: the merged target, the grown source (from its marks);
+* **(c) push of the 1%** over loopback ssh to a real sshd (``tests/sshd.py``),
+  end to end: marks fetched, bundle made, sent, merged there. Bytes on the
+  wire against the least any transfer must send (a SQLite file of just the
+  new rows, VACUUMed, zstd level 3), and what ``rsync -az`` sends to bring a
+  copy of the old source up to date (what people do today);
+* peak RSS of each (the receiving dagsync's too, for the push).
+
+Ratios are taken within a round; medians over rounds are reported. Nothing
+here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import merge as M  # noqa: E402
+
+GOALS = {"remerge": 0.01, "merge_1pct": 0.05, "push_1pct": 0.1, "wire_vs_least": 1.5, "rss_mb": 100}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- children ------------------------------------------------------------------------------
+
+
+def child_push(source: str, host: str, target: str, rsh: str, remote_dagsync: str) -> dict:
+    from dagsync.remote import Remote, Transport, push
+
+    started = time.perf_counter()
+    report = push(source, Remote(host, target), Transport(rsh, remote_dagsync))
+    return {
+        "seconds": time.perf_counter() - started, "peak_rss_mb": M.peak_rss_mb(), "sent_bytes": report.sent_bytes,
+        "bundle_bytes": report.bundle_bytes, "rows": sum(report.rows.values()), "written": report.written,
+        "against": report.against,
+    }  # fmt: skip
+
+
+def remote_child(rss_file: str, argv: list[str]) -> None:
+    """dagsync as run by ssh on the other end, writing its peak RSS to ``rss_file`` at exit."""
+    import atexit
+
+    from dagsync.cli import run
+
+    atexit.register(lambda: Path(rss_file).write_text(str(M.peak_rss_mb())))
+    run(argv)
+
+
+# -- the least any transfer must send ----------------------------------------------------------
+
+
+def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
+    """A new file of the format holding only the source's rows beyond the target's marks, VACUUMed, zstd -3."""
+    import apsw
+    import zstandard
+
+    from dagsync.db import open_target
+    from dagsync.formats.dag import DAG
+    from dagsync.formats.llm import LLM
+
+    fmt = LLM if fmt_name == "llm" else DAG
+    out = work / "least.db"
+    out.unlink(missing_ok=True)
+    open_target(out, create=fmt).close()
+    conn = apsw.Connection(str(out))
+    conn.execute("ATTACH DATABASE ? AS t", (str(target),))
+    conn.execute("ATTACH DATABASE ? AS s", (str(source),))
+    (entry,) = next(iter(conn.execute("SELECT id FROM t._dagsync_sources WHERE path = ?", (str(source.resolve()),))))
+    marks = dict(conn.execute("SELECT tbl, mark FROM t._dagsync_marks WHERE source = ?", (entry,)).fetchall())
+    conn.execute("BEGIN")
+    for table in fmt.merge_order:
+        if table.name not in marks:
+            continue
+        cols = ", ".join(f'"{c}"' for c in fmt.columns[table.name])
+        conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" ({cols}) SELECT {cols} FROM s."{table.name}" WHERE rowid > ?', (marks[table.name],))
+    conn.execute("COMMIT")
+    conn.execute("DETACH DATABASE t")
+    conn.execute("DETACH DATABASE s")
+    conn.execute("VACUUM")
+    conn.close()
+    return len(zstandard.ZstdCompressor(level=3).compress(out.read_bytes()))
+
+
+def rsync_bytes(old: Path, grown: Path, host: str, rsh: str, work: Path) -> int | None:
+    if not shutil.which("rsync"):
+        return None
+    copy = work / "rsync-copy.db"
+    M.fresh_copy(old, copy)
+    done = subprocess.run(
+        ["rsync", "-az", "--stats", "-e", rsh, str(grown), f"{host}:{copy}"], capture_output=True, text=True
+    )
+    copy.unlink(missing_ok=True)
+    match = re.search(r"Total bytes sent: ([\d,]+)", done.stdout)
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+# -- one format, one scale ---------------------------------------------------------------------
+
+
+def prepare(fmt: str, data: Path, conversations: int, seed: int) -> dict:
+    M.FORMAT = fmt
+    m1, m2, meta = M.ensure_family(data, conversations, seed)
+    work = data / "work" / f"incremental-{fmt}-n{conversations}"
+    work.mkdir(parents=True, exist_ok=True)
+    merged, before, grown = work / "target-merged.db", work / "source-before.db", work / "source-grown.db"
+    source = work / "source.db"
+    if not (merged.exists() and grown.exists() and before.exists()):
+        from dagsync.merge import merge
+
+        log(f"  preparing {work}: the target merges the source once, then the source grows by about 1%")
+        M.fresh_copy(m2, source)
+        M.fresh_copy(m1, merged)
+        merge(merged, [source])
+        shutil.copyfile(source, before)
+        rows = meta["databases"][m2.name]["rows"]
+        k = max(1, int(rows * 0.01 / 57))
+        if fmt == "llm":
+            from fixtures.llm_format import grow_llm as grow
+        else:
+            from fixtures.generate import grow
+        grow(source, seed=seed, continued=k, new=k)
+        shutil.copyfile(source, grown)
+    grown_rows = sum(M.table_rows(grown).values())
+    before_rows = sum(M.table_rows(before).values())
+    return {
+        "m1": m1, "m2": m2, "meta": meta, "work": work, "merged": merged, "before": before, "grown": grown,
+        "source": source, "before_rows": before_rows, "new_rows": grown_rows - before_rows,
+    }  # fmt: skip
+
+
+def one_round(p: dict, server, fmt: str) -> dict:
+    work, source = p["work"], p["source"]
+    target, floor_db = work / "target.db", work / "floor.db"
+    out: dict = {}
+    M.FORMAT = fmt
+    M.fresh_copy(p["m1"], floor_db)
+    out["floor"] = M.run_child("floor", floor_db, p["m2"])
+    floor_db.unlink()
+    # (a) nothing new
+    M.fresh_copy(p["merged"], target)
+    M.fresh_copy(p["before"], source)
+    out["remerge"] = M.run_child("merge", target, source)
+    # (b) the 1%
+    M.fresh_copy(p["merged"], target)
+    M.fresh_copy(p["grown"], source)
+    out["merge_1pct"] = M.run_child("merge", target, source)
+    out["least_bytes"] = least_bytes(p["merged"], source, fmt, work)
+    # (c) the 1% pushed, to a copy of the merged target reached over ssh
+    M.fresh_copy(p["merged"], target)
+    rss_file = work / "remote-rss"
+    rss_file.unlink(missing_ok=True)
+    remote = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} --remote-child {shlex.quote(str(rss_file))}"
+    out["push_1pct"] = M.run_script_child(
+        __file__, ["push", str(source), server.host, str(target), server.rsh, remote], "push"
+    )
+    out["push_1pct"]["remote_peak_rss_mb"] = float(rss_file.read_text()) if rss_file.exists() else None
+    out["rsync_bytes"] = rsync_bytes(p["before"], p["grown"], server.host, server.rsh, work)
+    target.unlink(missing_ok=True)
+    floor = out["floor"]["seconds"]
+    out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "push_1pct")}
+    out["wire_vs_least"] = out["push_1pct"]["sent_bytes"] / out["least_bytes"]
+    return out
+
+
+def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict:
+    med = lambda f: statistics.median(f(r) for r in rounds)  # noqa: E731
+    return {
+        "format": fmt, "conversations": conversations, "rows_per_database": p["before_rows"],
+        "new_rows": p["new_rows"], "new_fraction": round(p["new_rows"] / p["before_rows"], 4),
+        "floor_seconds": round(med(lambda r: r["floor"]["seconds"]), 3),
+        "remerge_seconds": round(med(lambda r: r["remerge"]["seconds"]), 3),
+        "merge_1pct_seconds": round(med(lambda r: r["merge_1pct"]["seconds"]), 3),
+        "push_1pct_seconds": round(med(lambda r: r["push_1pct"]["seconds"]), 3),
+        "ratios": {k: round(med(lambda r, k=k: r["ratios"][k]), 4) for k in ("remerge", "merge_1pct", "push_1pct")},
+        "sent_bytes": int(med(lambda r: r["push_1pct"]["sent_bytes"])),
+        "least_bytes": int(med(lambda r: r["least_bytes"])),
+        "wire_vs_least": round(med(lambda r: r["wire_vs_least"]), 3),
+        "rsync_bytes": rounds[0]["rsync_bytes"],
+        "peak_rss_mb": {
+            "remerge": max(r["remerge"]["peak_rss_mb"] for r in rounds),
+            "merge_1pct": max(r["merge_1pct"]["peak_rss_mb"] for r in rounds),
+            "push_local": max(r["push_1pct"]["peak_rss_mb"] for r in rounds),
+            "push_remote": max((r["push_1pct"]["remote_peak_rss_mb"] or 0) for r in rounds),
+        },
+        "rounds": [{k: v for k, v in r.items()} for r in rounds],
+    }  # fmt: skip
+
+
+def show(s: dict) -> None:
+    ok = lambda good: "ok" if good else "OVER"  # noqa: E731
+    r = s["ratios"]
+    print(f"\n== {s['format']} format, {s['conversations']:,} conversations: {s['rows_per_database']:,} rows per database, "
+          f"+{s['new_rows']:,} new rows ({s['new_fraction']:.2%})")
+    print(f"  floor                     {s['floor_seconds']:8.2f} s")
+    print(f"  (a) re-merge, nothing new {s['remerge_seconds']:8.3f} s = {r['remerge']:.4f}x floor   goal <= {GOALS['remerge']}x  {ok(r['remerge'] <= GOALS['remerge'])}")
+    print(f"  (b) merge of the 1%       {s['merge_1pct_seconds']:8.3f} s = {r['merge_1pct']:.4f}x floor   goal <= {GOALS['merge_1pct']}x  {ok(r['merge_1pct'] <= GOALS['merge_1pct'])}")
+    print(f"  (c) push of the 1%        {s['push_1pct_seconds']:8.3f} s = {r['push_1pct']:.4f}x floor   goal <= {GOALS['push_1pct']}x  {ok(r['push_1pct'] <= GOALS['push_1pct'])}")
+    print(f"      on the wire {s['sent_bytes']:,} bytes; least {s['least_bytes']:,}: {s['wire_vs_least']:.2f}x   goal <= {GOALS['wire_vs_least']}x  {ok(s['wire_vs_least'] <= GOALS['wire_vs_least'])}")
+    print(f"      rsync -az of the grown file onto the old one: {s['rsync_bytes']:,} bytes" if s["rsync_bytes"] else "      rsync: not installed")
+    rss = s["peak_rss_mb"]
+    print(f"  peak RSS MB: re-merge {rss['remerge']}, merge {rss['merge_1pct']}, push here {rss['push_local']}, there {rss['push_remote']}   goal <= {GOALS['rss_mb']}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", default="dag,llm")
+    parser.add_argument("--scales", default="55000,5500", help="conversations per machine (55,000: about 2M rows)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--data", type=Path, default=ROOT / "bench-data")
+    parser.add_argument("--quick", action="store_true", help="2,000 conversations, one round")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.scales, args.repeat = "2000", 1
+    from tests import sshd
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dagsync-bench-sshd-") as d:
+        server = sshd.start(Path(d))
+        try:
+            for fmt in args.formats.split(","):
+                for n in [int(x) for x in args.scales.split(",")]:
+                    log(f"{fmt}, {n} conversations")
+                    p = prepare(fmt, args.data, n, args.seed)
+                    rounds = []
+                    for i in range(args.repeat):
+                        log(f"  round {i + 1}")
+                        rounds.append(one_round(p, server, fmt))
+                    summary = summarise(fmt, n, p, rounds)
+                    summary["commit"] = M.dagsync_version()
+                    show(summary)
+                    results.append(summary)
+        finally:
+            server.stop()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        kind, rest = sys.argv[2], sys.argv[3:]
+        print(json.dumps(child_push(*rest) if kind == "push" else {}))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--remote-child":
+        remote_child(sys.argv[2], sys.argv[3:])
+    else:
+        sys.exit(main())
