@@ -544,12 +544,17 @@ def _read_text(path: Path) -> str:
 @command("receive", hidden=True)
 @_reported
 def receive_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
-    """The other end of push: a bundle on standard input, merged into DB; its report on standard output."""
+    """The other end of push: DB's marks (one JSON line) on standard output, then a
+    bundle on standard input, merged into DB, and its report; nothing if none comes."""
     target = database(db)
+    sys.stdout.write(json.dumps(marks_of(target)) + "\n")
+    sys.stdout.flush()
+    if not sys.stdin.buffer.peek(1) if hasattr(sys.stdin.buffer, "peek") else False:
+        return  # a dry run: nothing sent
     with scratch_beside(target, "dagsync-push") as landing:
         read_wire(sys.stdin.buffer, landing)
         report = merge(target, [landing])
-    _print_json(report) if as_json else typer.echo(render.merge(report))
+    typer.echo(json.dumps(dataclasses.asdict(report))) if as_json else typer.echo(render.merge(report))
 
 
 @command("send", hidden=True)

@@ -2,10 +2,10 @@
 the other machine, as git and rsync do. No protocol of our own beyond a
 stream: a bundle (``dagsync.bundle``), compressed.
 
-* ``push SOURCE HOST:PATH``: one ssh session asks the remote target for its
-  marks (``dagsync marks --json PATH``); the bundle of what lies beyond them
-  is made here and streams to a second (``dagsync receive PATH``), which
-  merges it there.
+* ``push SOURCE HOST:PATH``: one ssh session runs ``dagsync receive PATH``
+  there, which first says the marks its target keeps (one JSON line); the
+  bundle of what lies beyond them is made here and streams back on the same
+  session, is merged there, and the report comes back.
 * ``pull HOST:PATH TARGET``: one ssh session takes this target's marks on its
   input (``dagsync send PATH``) and streams back the bundle, merged here.
 
@@ -237,31 +237,47 @@ def push(
     dry_run: bool = False,
     label: str | None = None,
 ) -> TransferReport:
-    """Bring ``remote`` up to date with ``source``: its marks fetched, the bundle
-    of what lies beyond them sent and merged there."""
+    """Bring ``remote`` up to date with ``source``, in one ssh session: the far
+    side (``dagsync receive``) says its marks, the bundle of what lies beyond
+    them goes there and is merged, and its report comes back."""
     started = time.perf_counter()
-    held = transport.json(remote, "marks", "--json", remote.path)
     with tempfile.TemporaryDirectory(prefix="dagsync-push-") as d:
         for all_pointers in (False, True):
-            out = Path(d) / f"bundle-{int(all_pointers)}.db"
-            made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
-            if dry_run:
-                with open(os.devnull, "wb") as nowhere:
-                    sent = write_wire(out, nowhere)
-                return _report("push", source, remote, True, made, sent, all_pointers, None, started)
-            command = transport.command(remote, "receive", "--json", remote.path)
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                transport.command(remote, "receive", "--json", remote.path),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             try:
-                assert proc.stdin is not None
-                sent = write_wire(out, proc.stdin)
+                held = json.loads(proc.stdout.readline() or b"null")
+            except ValueError:
+                held = None
+            if not isinstance(held, dict):
+                proc.stdin.close()
+                proc.wait()
+                raise transport.failure(remote, proc.returncode or 1, proc.stderr.read())
+            out = Path(d) / f"bundle-{int(all_pointers)}.db"
+            try:
+                made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            sent = 0
+            try:
+                if dry_run:
+                    with open(os.devnull, "wb") as nowhere:
+                        sent = write_wire(out, nowhere)
+                else:
+                    sent = write_wire(out, proc.stdin)
                 proc.stdin.close()
             except BrokenPipeError:
-                sent = 0
-            assert proc.stdout is not None and proc.stderr is not None
+                pass
             stdout, stderr = proc.stdout.read(), proc.stderr.read()  # a report and an error line at most
             proc.wait()
             if proc.returncode == 0:
-                return _report("push", source, remote, False, made, sent, all_pointers, json.loads(stdout), started)
+                merged = json.loads(stdout) if stdout.strip() else None
+                return _report("push", source, remote, dry_run, made, sent, all_pointers, merged, started)
             failure = transport.failure(remote, proc.returncode, stderr)
             if LEFT_OUT not in str(failure) or all_pointers:
                 raise failure

@@ -127,7 +127,7 @@ def test_the_command_line_and_the_llm_plugin_push_and_pull(server, tmp_path):
     [
         ("no dagsync", "{host} has no '/nonexistent/dagsync' to run (dagsync is not installed there, or not on the "
          "PATH ssh gives it): install dagsync there, or name it with --remote-dagsync"),
-        ("old dagsync", "the dagsync on {host} is too old for push and pull (Error: No such command 'marks'.); upgrade it there"),
+        ("old dagsync", "the dagsync on {host} is too old for push and pull (Error: No such command 'receive'.); upgrade it there"),
         ("host key", "ssh to {host} failed: Host key verification failed.; nothing was written"),
         ("not a database", "on {host}: {hub} is not a SQLite database (it does not start with the SQLite header)"),
     ],
