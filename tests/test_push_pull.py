@@ -140,7 +140,7 @@ def test_each_failure_at_the_other_end_is_one_line_and_writes_nothing(server, tm
         if how == "no dagsync":
             remote = "/nonexistent/dagsync"
         elif how == "old dagsync":
-            remote = "sh -c 'echo \"Error: No such command '\"'\"'marks'\"'\"'.\" >&2; exit 2' --"
+            remote = "sh -c 'echo \"Error: No such command '\"'\"'receive'\"'\"'.\" >&2; exit 2' --"
         elif how == "host key":
             wrong = tmp_path / "known_hosts"
             wrong.write_text(f"[127.0.0.1]:{server.port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
