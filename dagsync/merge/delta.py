@@ -157,7 +157,8 @@ def _fill(
             conn.execute(f'{chosen} WHERE id IN (SELECT id FROM temp."dl_need_{name}") AND rowid <= ?', (high,))
         # What the chosen rows refer to must come too: by integer id always, by
         # text key where the target lacks it.
-        rows = f'src."{name}" s JOIN temp."dl_{name}" d ON d.rid = s.rowid'
+        # The chosen rows first (CROSS JOIN keeps that order): a few, looked up by rowid.
+        rows = f'temp."dl_{name}" d CROSS JOIN src."{name}" s ON s.rowid = d.rid'
         for column, ref in fmt.references[name].items():
             if ref != name and fmt.table(ref).key is Key.INTEGER and ref in present:
                 conn.execute(

@@ -187,7 +187,7 @@ class RoleConflicts:
     per message). ``wait`` gives what it found, worded as conflicts."""
 
     def __init__(self, run: SourceMerge) -> None:
-        self.source, self.target = run.source, run.db.path
+        self.source, self.target = run.file, run.db.path  # the file copied from: a delta's rows alone
         self.found: list[str] = []
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="role conflicts", daemon=True)
