@@ -6,12 +6,14 @@ running dagsync there as ``python -m dagsync`` (``--remote-dagsync``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -211,3 +213,69 @@ def test_no_leftover_files_beside_the_receiving_database(server, transport, tmp_
         push(laptop, far(server, hub), transport)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["hub.db"]
         assert not [p for p in os.listdir(tmp_path) if "dagsync-push" in p]
+
+
+def _receivers(hub: Path) -> list[int]:
+    """The pids of `dagsync receive` processes for ``hub`` (the far end, on this machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"receive" in argv and str(hub).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+KILLS = int(os.environ.get("DAGSYNC_PUSH_KILLS", 10))
+
+
+@pytest.mark.parametrize("end", ["pushing", "receiving"])
+def test_a_push_killed_at_either_end_leaves_the_target_consistent_and_the_next_push_completes(
+    server, transport, tmp_path, end
+):
+    rng = random.Random(11)
+    with machines() as (files, clock):
+        laptop = files[0]
+        hub = tmp_path / "hub.db"
+        push(laptop, far(server, hub), transport)
+        for word in ("a", "b", "c", "d"):
+            prompt(laptop, clock, word == "d", word)
+        whole = tmp_path / "whole.db"
+        shutil.copyfile(hub, whole)
+        started = time.perf_counter()
+        push(laptop, far(server, whole), transport)
+        took = time.perf_counter() - started
+        before, after = rows(hub), rows(whole)
+        shutil.copyfile(hub, tmp_path / "hub-before.db")
+        command = [
+            sys.executable, "-m", "dagsync", "push", str(laptop), f"{server.host}:{hub}",
+            "-e", server.rsh, "--remote-dagsync", server.remote_dagsync, "--quiet",
+        ]  # fmt: skip
+        killed = 0
+        for _ in range(KILLS):
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.perf_counter() + rng.uniform(0, took)
+            while time.perf_counter() < deadline and proc.poll() is None:
+                time.sleep(0.005)
+            if end == "pushing":
+                proc.kill()
+            else:
+                for pid in _receivers(hub):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            killed += proc.wait() != 0
+            for _ in range(200):  # the far end finishes, or notices, and leaves
+                if not _receivers(hub):
+                    break
+                time.sleep(0.05)
+            assert verify(hub).problems == ()
+            assert rows(hub) in (before, after)
+            if rows(hub) == after:  # a kill too late: start again from before
+                shutil.copyfile(tmp_path / "hub-before.db", hub)
+        assert killed, "no kill interrupted a push: the test proved nothing"
+        push(laptop, far(server, hub), transport)
+        assert rows(hub) == after
