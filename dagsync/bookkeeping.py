@@ -94,7 +94,12 @@ def rewritten(conn: apsw.Connection, by: str) -> None:
     write transaction that does it. A file that holds no marks gets nothing."""
     if not has(conn, "_dagsync_sources") or not any(conn.execute("SELECT 1 FROM _dagsync_sources LIMIT 1")):
         return
-    stamp = f"{by} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    # To the microsecond: every rewrite gets a stamp of its own.
+    now = time.time()
+    stamp = f"{by} at {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now % 1 * 1e6):06d}Z"
+    previous = next(iter(conn.execute("SELECT value FROM _dagsync_meta WHERE key = 'rewritten'")), (None,))[0]
+    if previous == stamp:
+        stamp += "'"
     conn.execute("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES ('rewritten', ?)", (stamp,))
 
 

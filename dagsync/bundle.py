@@ -68,9 +68,11 @@ def marks_of(target: str | os.PathLike[str]) -> dict:
     with open_unchecked_source(target) as db:
         sources = []
         if bookkeeping.has(db.conn, "_dagsync_sources"):
-            for entry, identity, path, label, merged_at in list(
-                db.conn.execute("SELECT id, identity, path, label, merged_at FROM _dagsync_sources ORDER BY id")
-            ):
+            # Marks made before the file was last rewritten (gc ...) no longer hold: not given.
+            for entry, identity, path, label, merged_at in list(db.conn.execute(
+                "SELECT id, identity, path, label, merged_at FROM _dagsync_sources WHERE rewritten IS "
+                "(SELECT value FROM _dagsync_meta WHERE key = 'rewritten') ORDER BY id"
+            )):  # fmt: skip
                 held = {tbl: [mark, key] for tbl, mark, key in db.conn.execute(
                     "SELECT tbl, mark, mark_key FROM _dagsync_marks WHERE source = ?", (entry,)
                 )}  # fmt: skip
@@ -125,7 +127,7 @@ def make(
         _record(out, {
             "dagsync": __version__, "format": fmt.name, "identity": identity,
             "source": str(source.resolve()), "label": label or source_label(source),
-            "since": since, "now": made.now, "digests": made.digests, "rows": made.rows,
+            "since": since, "now": made.now, "digests": {} if all_pointers else made.digests, "rows": made.rows,
             "against": against, "why_whole": why,
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })  # fmt: skip
@@ -234,7 +236,11 @@ def _holding(conn: apsw.Connection, identity: str, since: dict[str, tuple[int, s
     """The target's entry for ``identity`` whose marks reach at least ``since`` in every table."""
     if not bookkeeping.has(conn, "_dagsync_sources"):
         return None
-    for (entry,) in list(conn.execute("SELECT id FROM main._dagsync_sources WHERE identity = ? ORDER BY id", (identity,))):
+    for (entry,) in list(conn.execute(
+        "SELECT id FROM main._dagsync_sources WHERE identity = ? AND rewritten IS "
+        "(SELECT value FROM main._dagsync_meta WHERE key = 'rewritten') ORDER BY id",
+        (identity,),
+    )):  # fmt: skip
         held = {t: m for t, m in conn.execute("SELECT tbl, mark FROM main._dagsync_marks WHERE source = ?", (entry,))}
         if all(held.get(t, 0) >= m for t, (m, _) in since.items()):
             return entry
