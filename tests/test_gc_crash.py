@@ -90,6 +90,14 @@ def dump(path: Path) -> dict[str, list[tuple]]:
     # happened: compare which rows it remembers, not when.
     if "_dagsync_gc_seen" in out:
         out["_dagsync_gc_seen"] = sorted_rows(row[:2] for row in out["_dagsync_gc_seen"])
+    # When a source was last merged, and when the file was last rewritten
+    # (merge.marks, bookkeeping.rewritten): compare what, not when.
+    if "_dagsync_sources" in out:
+        out["_dagsync_sources"] = sorted_rows(row[:4] + (row[5] is not None,) for row in out["_dagsync_sources"])
+    if "_dagsync_meta" in out:
+        out["_dagsync_meta"] = sorted_rows(
+            (k, v.split(" at ")[0] if k == "rewritten" else v) for k, v in out["_dagsync_meta"]
+        )
     # Bookkeeping tables are made when first needed, and a killed run may have
     # made them for nothing: empty ones count as absent.
     if out.get("_dagsync_meta") == [("layout_version", "1")]:
