@@ -161,7 +161,7 @@ def prepare(fmt: str, data: Path, conversations: int, seed: int) -> dict:
     }  # fmt: skip
 
 
-def one_round(p: dict, server, fmt: str) -> dict:
+def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
     work, source = p["work"], p["source"]
     target, floor_db = work / "target.db", work / "floor.db"
     out: dict = {}
@@ -187,7 +187,7 @@ def one_round(p: dict, server, fmt: str) -> dict:
         __file__, ["push", str(source), server.host, str(target), server.rsh, remote], "push"
     )
     out["push_1pct"]["remote_peak_rss_mb"] = float(rss_file.read_text()) if rss_file.exists() else None
-    out["rsync_bytes"] = rsync_bytes(p["before"], p["grown"], server.host, server.rsh, work)
+    out["rsync_bytes"] = rsync_bytes(p["before"], p["grown"], server.host, server.rsh, work) if first else None
     target.unlink(missing_ok=True)
     floor = out["floor"]["seconds"]
     out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "push_1pct")}
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     rounds = []
                     for i in range(args.repeat):
                         log(f"  round {i + 1}")
-                        rounds.append(one_round(p, server, fmt))
+                        rounds.append(one_round(p, server, fmt, first=i == 0))
                     summary = summarise(fmt, n, p, rounds)
                     summary["commit"] = M.dagsync_version()
                     show(summary)

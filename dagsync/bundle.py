@@ -174,8 +174,10 @@ def _against(
 
 
 def _record(out: Path, what: dict) -> None:
+    """Write the bundle's record into it, and the whole file to the disk."""
     conn = apsw.Connection(str(out))
     try:
+        conn.execute("PRAGMA journal_mode = OFF")
         with conn:
             conn.execute(f"CREATE TABLE {BUNDLE_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             conn.executemany(
@@ -183,6 +185,11 @@ def _record(out: Path, what: dict) -> None:
             )
     finally:
         conn.close()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def meta(conn: apsw.Connection, schema: str = "src") -> dict | None:

@@ -113,7 +113,9 @@ def _create(fmt: Format, out: Path) -> None:
     new = apsw.Connection(str(out))
     try:
         harden(new)
+        # A scratch file until it is whole: no journal, no waiting for the disk.
         new.execute("PRAGMA journal_mode = OFF")
+        new.execute("PRAGMA synchronous = OFF")
         with new:
             initialise(new, fmt)
             bookkeeping.ensure(new)

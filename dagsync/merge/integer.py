@@ -22,7 +22,7 @@ Two ways to match:
 
 from __future__ import annotations
 
-from dagsync.formats import Table
+from dagsync.formats import Key, Table
 from dagsync.merge.core import SourceMerge, quoted
 from dagsync.merge.maps import expr
 from dagsync.merge.references import dangling_sql
@@ -44,14 +44,8 @@ def plan(run: SourceMerge, table: Table) -> None:
         _plan_unique(run, table, nk)
         return
     ranked = f"row_number() OVER (PARTITION BY {keys} ORDER BY id)"
-    # The target's keys (and the source's, rewritten into the target's
-    # terms) copied into indexed temp tables, read in bounded slices.
-    c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys}, 1 AS rnk FROM main."{name}" WHERE 0')
-    for low, high in run.chunks(f'main."{name}"', "id"):
-        c.execute(
-            f'INSERT INTO temp."tk_{name}" SELECT id, {keys}, 1 FROM main."{name}" WHERE id BETWEEN ? AND ?',
-            (low, high),
-        )
+    # The source's keys (rewritten into the target's terms) and the target's
+    # copied into indexed temp tables, read in bounded slices.
     c.execute(
         f'CREATE TEMP TABLE "sk_{name}" (seq INTEGER PRIMARY KEY, id INTEGER NOT NULL, '
         f"{keys}, rnk INTEGER DEFAULT 1)"
@@ -63,6 +57,13 @@ def plan(run: SourceMerge, table: Table) -> None:
             "WHERE s.id BETWEEN ? AND ? ORDER BY s.id",
             (low, high),
         )
+    c.execute(f'CREATE TEMP TABLE "tk_{name}" AS SELECT id, {keys}, 1 AS rnk FROM main."{name}" WHERE 0')
+    if _target_may_match(run, table, nk):
+        for low, high in run.chunks(f'main."{name}"', "id"):
+            c.execute(
+                f'INSERT INTO temp."tk_{name}" SELECT id, {keys}, 1 FROM main."{name}" WHERE id BETWEEN ? AND ?',
+                (low, high),
+            )
     for side in ("tk", "sk"):
         # Every rank is 1 unless a key repeats (rare): only then count them.
         if run.one(f'SELECT 1 FROM temp."{side}_{name}" GROUP BY {keys} HAVING count(*) > 1 LIMIT 1'):
@@ -80,6 +81,24 @@ def plan(run: SourceMerge, table: Table) -> None:
         f'FROM temp."sk_{name}" s) s'
     )
     _count(run, name)
+
+
+def _target_may_match(run: SourceMerge, table: Table, nk: tuple[str, ...]) -> bool:
+    """Whether any target row can share a natural key with a source row. A thin
+    source (a delta) holds few rows, mostly of rows new to the target: when its
+    first key column refers to rows the target lacks (the new responses of new
+    tool calls), none can, and the target's table is not read at all."""
+    name = table.name
+    if not run.one(f'SELECT 1 FROM temp."sk_{name}" LIMIT 1'):
+        return False
+    ref = run.fmt.references[name].get(nk[0])
+    if not run.thin or ref is None or run.fmt.table(ref).key is not Key.TEXT:
+        return True
+    ref_key = run.fmt.table(ref).natural_key[0]
+    return bool(run.one(
+        f'SELECT 1 FROM temp."sk_{name}" s WHERE s."{nk[0]}" IS NULL OR EXISTS '
+        f'(SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{nk[0]}") LIMIT 1'
+    ))  # fmt: skip
 
 
 def _count(run: SourceMerge, name: str) -> None:
