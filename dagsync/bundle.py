@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,7 @@ def make(
         conn.execute("BEGIN")
         try:
             identity = marks.identity(conn, fmt)
-            since, against, why = _against(conn, fmt, identity, target_marks, present)
+            since, against, why = _against(conn, fmt, identity, target_marks, present, where(source))
         finally:
             conn.execute("COMMIT")
         if all_pointers:
@@ -126,7 +127,7 @@ def make(
         made = delta.extract(conn, fmt, since, present, out, snapshot=None)
         _record(out, {
             "dagsync": __version__, "format": fmt.name, "identity": identity,
-            "source": str(source.resolve()), "label": label or source_label(source),
+            "source": where(source), "label": label or source_label(source),
             "since": since, "now": made.now, "digests": {} if all_pointers else made.digests, "rows": made.rows,
             "against": against, "why_whole": why,
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -152,8 +153,13 @@ def _quote(path: Path) -> str:
     return urllib.parse.quote(str(path.resolve()))
 
 
+def where(source: Path) -> str:
+    """How a target's marks name a source that reaches it as a bundle: ``host:path``."""
+    return f"{socket.gethostname()}:{source.resolve()}"
+
+
 def _against(
-    conn: apsw.Connection, fmt: Format, identity: str, target_marks: dict | None, present: set[str]
+    conn: apsw.Connection, fmt: Format, identity: str, target_marks: dict | None, present: set[str], where: str
 ) -> tuple[dict[str, tuple[int, str | None]], str | None, str | None]:
     """The marks to make the bundle beyond: the first entry of the source's
     identity whose marks hold for it; none (the whole source) and why, else."""
@@ -165,6 +171,8 @@ def _against(
     for entry in target_marks.get("sources", ()):
         if entry.get("identity") != identity:
             continue
+        if entry.get("path") != where and not marks.moved_from(entry.get("path")):
+            continue  # another file of this identity: a copy that went on elsewhere
         held = {tbl: (int(m), k) for tbl, (m, k) in entry["marks"].items()}
         failure = marks.disproof(conn, fmt, held, present)
         if failure is None:

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_push_creates_the_far_database_then_sends_only_what_is_new(server, trans
         reference = tmp_path / "reference.db"
         shutil.copyfile(hub, reference)
         second = push(laptop, far(server, hub), transport)
-        assert second.against == str(laptop.resolve()) and second.why_whole is None
+        assert second.against == f"{socket.gethostname()}:{laptop.resolve()}" and second.why_whole is None
         assert second.rows["messages"] == 2 and second.rows["calls"] == 1
         assert second.sent_bytes < first.sent_bytes
         merge(reference, [laptop], full=True, target_label="hub")

@@ -21,13 +21,16 @@ reads only the rows beyond them and the pointer rows that changed.
 Otherwise it merges in full, and says why.
 
 Two files with one identity (a copy of logs.db that went on on another
-machine) are told apart by the same proof: each has its own entry, found
-by path first, and whichever entry's marks hold for a file is its own.
+machine) each have an entry of their own, by path (``host:path`` for one
+that arrived as a bundle): an entry is used for the file at its path, or
+for a file of its identity elsewhere only once nothing is left at that path
+(the file moved), and then only if its marks hold.
 """
 
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +139,10 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
     rewritten = _rewritten(conn)
     reasons = []
     for entry, at, stamp in entries:
+        if at != path and not moved_from(at):
+            # Another file of this identity (a copy that went on elsewhere): its marks
+            # say nothing of what this one holds below them.
+            continue
         if stamp != rewritten:
             reasons.append(f"the target was changed since ({rewritten}): rows merged before may be gone")
             continue
@@ -152,6 +159,19 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
         # Files of this identity merged before from elsewhere are other files (copies that went on).
         return Decision(ident, why_full="first merge of this source")
     return Decision(ident, why_full=reasons[0], entry=same_path)
+
+
+def moved_from(recorded: str | None) -> bool:
+    """Whether the file an entry was recorded at is gone from there: this file
+    may be that one, moved (a copy left the original where it was)."""
+    if not recorded:
+        return False
+    host, sep, rest = recorded.partition(":")
+    if sep and not recorded.startswith("/"):
+        if host != socket.gethostname():
+            return False
+        recorded = rest
+    return not Path(recorded).exists()
 
 
 def _rewritten(conn: apsw.Connection) -> str | None:
