@@ -98,7 +98,9 @@ def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
     conn = apsw.Connection(str(out))
     conn.execute("ATTACH DATABASE ? AS t", (str(target),))
     conn.execute("ATTACH DATABASE ? AS s", (str(source),))
-    (entry,) = next(iter(conn.execute("SELECT id FROM t._dagsync_sources WHERE path = ?", (str(source.resolve()),))))
+    from dagsync.merge.marks import where
+
+    (entry,) = next(iter(conn.execute("SELECT id FROM t._dagsync_sources WHERE path = ?", (where(source),))))
     marks = dict(conn.execute("SELECT tbl, mark FROM t._dagsync_marks WHERE source = ?", (entry,)).fetchall())
     conn.execute("BEGIN")
     for table in fmt.merge_order:

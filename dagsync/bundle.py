@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +118,7 @@ def make(
         conn.execute("BEGIN")
         try:
             identity = marks.identity(conn, fmt)
-            since, against, why = _against(conn, fmt, identity, target_marks, present, where(source))
+            since, against, why = _against(conn, fmt, identity, target_marks, present, marks.where(source))
         finally:
             conn.execute("COMMIT")
         if all_pointers:
@@ -127,7 +126,7 @@ def make(
         made = delta.extract(conn, fmt, since, present, out, snapshot=None)
         _record(out, {
             "dagsync": __version__, "format": fmt.name, "identity": identity,
-            "source": where(source), "label": label or source_label(source),
+            "source": marks.where(source), "label": label or source_label(source),
             "since": since, "now": made.now, "digests": {} if all_pointers else made.digests, "rows": made.rows,
             "against": against, "why_whole": why,
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -151,11 +150,6 @@ def _quote(path: Path) -> str:
     import urllib.parse
 
     return urllib.parse.quote(str(path.resolve()))
-
-
-def where(source: Path) -> str:
-    """How a target's marks name a source that reaches it as a bundle: ``host:path``."""
-    return f"{socket.gethostname()}:{source.resolve()}"
 
 
 def _against(

@@ -356,7 +356,7 @@ def _record_marks(run: SourceMerge, decision: marks.Decision, after: dict[str, t
         run.one(f'SELECT 1 FROM src."{t.name}" LIMIT 1') for t in run.order if t.pointer
     ):
         return
-    source = str(run.source.resolve())
+    source = marks.where(run.source)
     if decision.bundle is not None:
         source = decision.bundle.source
         if decision.marks is not None and any(now.get(t, (0, None))[0] < m for t, (m, _) in decision.marks.tables.items()):

@@ -40,7 +40,7 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.formats import Format, Key
 
-__all__ = ["Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "save", "taken"]
+__all__ = ["Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "moved_from", "save", "taken", "where"]
 
 # dagsync's own tables a merge reads from a source, append-only: marked too.
 MARKED_BOOKKEEPING = {
@@ -128,7 +128,7 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
     ident = identity(conn, fmt)
     if not bookkeeping.has(conn, "_dagsync_sources"):
         return Decision(ident, why_full="first merge of this source")
-    path = str(source.resolve())
+    path = where(source)
     entries = list(conn.execute(
         "SELECT id, path, rewritten FROM main._dagsync_sources WHERE identity = ? ORDER BY path IS NOT ?, id",
         (ident, path),
@@ -159,6 +159,12 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
         # Files of this identity merged before from elsewhere are other files (copies that went on).
         return Decision(ident, why_full="first merge of this source")
     return Decision(ident, why_full=reasons[0], entry=same_path)
+
+
+def where(source: Path) -> str:
+    """How marks name a source's place: ``host:path``, the same whether it was
+    merged here or arrived as a bundle (push) from this host."""
+    return f"{socket.gethostname()}:{Path(source).resolve()}"
 
 
 def moved_from(recorded: str | None) -> bool:
