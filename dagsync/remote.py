@@ -21,6 +21,7 @@ refused by the target; push and pull then send one with every pointer row.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ import zstandard
 
 from dagsync import bundle
 from dagsync.errors import DagsyncError
-from dagsync.merge import MergeReport, merge
+from dagsync.merge import merge
 
 __all__ = ["Remote", "RemoteSyncReport", "Transport", "TransferReport", "parse", "pull", "push", "read_wire", "sync", "write_wire"]
 
@@ -327,7 +328,7 @@ def pull(
                 if LEFT_OUT in str(exc) and not all_pointers:
                     continue
                 raise
-            merged = json.loads(json.dumps(_asdict(report)))
+            merged = json.loads(json.dumps(dataclasses.asdict(report)))
             return _report("pull", remote, target, dry_run, made, got, all_pointers, merged, started)
     raise AssertionError("unreachable")
 
@@ -346,12 +347,6 @@ def _made(path: Path, size: int) -> bundle.BundleReport:
         str(path), found.get("source", ""), found.get("format", ""), found.get("identity", ""),
         found.get("against"), found.get("why_whole"), rows, size, 0.0,
     )  # fmt: skip
-
-
-def _asdict(report: MergeReport) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(report)
 
 
 def _report(
