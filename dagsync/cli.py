@@ -205,11 +205,12 @@ class _Progress:
     def __init__(self) -> None:
         self.bar = None
         if sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
                 TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                transient=True,
+                transient=True, console=Console(stderr=True),  # stdout stays the report's, for pipes
             )  # fmt: skip
             self.task = self.bar.add_task("", total=None)
 

@@ -86,7 +86,10 @@ def sync_command(
         # One side over ssh: pull, push, and pull what the push forked there.
         local, far, labels = (database(Path(b)), far_a, (label_b, label_a)) if far_a else (database(Path(a)), far_b, (label_a, label_b))
         assert far is not None
-        remote_report = sync_remote(local, far, Transport(rsh, remote_dagsync), dry_run=dry_run, labels=labels)
+        with _Progress() as progress:
+            remote_report = sync_remote(
+                local, far, Transport(rsh, remote_dagsync), dry_run=dry_run, labels=labels, progress=progress
+            )
         _emit(remote_report, as_json, quiet, render.remote_sync)
         return
     with _Progress() as progress:
@@ -136,7 +139,8 @@ def push_command(
         raise typer.BadParameter("give [SOURCE] [USER@]HOST:PATH", param_hint="paths")
     far = _remote(paths[-1], "[USER@]HOST:PATH")
     source = database(Path(paths[0])) if len(paths) == 2 else default_database()
-    report = push(source, far, Transport(rsh, remote_dagsync), dry_run=dry_run, label=label)
+    with _Progress() as progress:
+        report = push(source, far, Transport(rsh, remote_dagsync), dry_run=dry_run, label=label, progress=progress)
     _emit(report, as_json, quiet, render.transfer)
 
 
@@ -171,8 +175,8 @@ def pull_command(
         raise typer.BadParameter("give [USER@]HOST:PATH [TARGET]", param_hint="paths")
     far = _remote(paths[0], "[USER@]HOST:PATH")
     target = database(Path(paths[1])) if len(paths) == 2 else default_database()
-    with _Progress():
-        report = pull(far, target, Transport(rsh, remote_dagsync), dry_run=dry_run, label=label)
+    with _Progress() as progress:
+        report = pull(far, target, Transport(rsh, remote_dagsync), dry_run=dry_run, label=label, progress=progress)
     _emit(report, as_json, quiet, render.transfer)
 
 

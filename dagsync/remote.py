@@ -40,6 +40,7 @@ import zstandard
 from dagsync import bundle
 from dagsync.errors import DagsyncError
 from dagsync.merge import merge
+from dagsync.writer import Progress
 
 __all__ = ["Remote", "RemoteSyncReport", "Transport", "TransferReport", "parse", "pull", "push", "read_wire", "sync", "write_wire"]
 
@@ -122,8 +123,9 @@ class Transport:
 # -- the wire ------------------------------------------------------------------------------
 
 
-def write_wire(path: Path, out: IO[bytes]) -> int:
-    """Write the bundle at ``path`` to ``out``: header, then one zstd frame. Bytes written."""
+def write_wire(path: Path, out: IO[bytes], progress: Progress | None = None) -> int:
+    """Write the bundle at ``path`` to ``out``: header, then one zstd frame. Bytes
+    written. ``progress`` hears ``("sending", bytes of the bundle read, its size)``."""
     digest, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
@@ -133,14 +135,16 @@ def write_wire(path: Path, out: IO[bytes]) -> int:
     out.write(header)
     counted = _Counting(out)
     with open(path, "rb") as f:
-        zstandard.ZstdCompressor(level=LEVEL, write_checksum=True).copy_stream(f, counted, size=size)
+        source = _ReadingProgress(f, size, progress) if progress is not None else f
+        zstandard.ZstdCompressor(level=LEVEL, write_checksum=True).copy_stream(source, counted, size=size)
     out.flush()
     return len(header) + counted.n
 
 
-def read_wire(stream: IO[bytes], dest: Path) -> int:
+def read_wire(stream: IO[bytes], dest: Path, progress: Progress | None = None) -> int:
     """Read a bundle from ``stream`` into ``dest`` (a new file, 0600), proving it
-    whole; the bytes read off the wire.
+    whole; the bytes read off the wire. ``progress`` hears ``("receiving",
+    bytes of the bundle so far, its size)``.
 
     :raises DagsyncError: not a bundle, or it arrived incomplete or changed.
     """
@@ -158,6 +162,8 @@ def read_wire(stream: IO[bytes], dest: Path) -> int:
                 digest.update(block)
                 got += len(block)
                 out.write(block)
+                if progress is not None:
+                    progress("receiving", got, size)
     except zstandard.ZstdError as exc:
         raise DagsyncError(f"the bundle arrived damaged ({exc}); nothing was merged - run it again") from None
     if got != size or digest.hexdigest() != expected:
@@ -166,6 +172,19 @@ def read_wire(stream: IO[bytes], dest: Path) -> int:
             "nothing was merged - run it again"
         )
     return len(header) + wire.n
+
+
+class _ReadingProgress:
+    """A file read for ``write_wire``, telling ``progress`` how far it is."""
+
+    def __init__(self, f: IO[bytes], size: int, progress: Progress) -> None:
+        self.f, self.size, self.progress, self.n = f, size, progress, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.n += len(data)
+        self.progress("sending", self.n, self.size)
+        return data
 
 
 class _CountingReader:
@@ -237,13 +256,17 @@ def push(
     *,
     dry_run: bool = False,
     label: str | None = None,
+    progress: Progress | None = None,
 ) -> TransferReport:
     """Bring ``remote`` up to date with ``source``, in one ssh session: the far
     side (``dagsync receive``) says its marks, the bundle of what lies beyond
-    them goes there and is merged, and its report comes back."""
+    them goes there and is merged, and its report comes back. ``progress``
+    hears each step (the far side's merge only as a whole)."""
     started = time.perf_counter()
+    say = progress or _silent
     with tempfile.TemporaryDirectory(prefix="dagsync-push-") as d:
         for all_pointers in (False, True):
+            say(f"asking {remote.host} for marks", 0, 0)
             proc = subprocess.Popen(
                 transport.command(remote, "receive", "--json", remote.path),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -258,6 +281,7 @@ def push(
                 proc.wait()
                 raise transport.failure(remote, proc.returncode or 1, proc.stderr.read())
             out = Path(d) / f"bundle-{int(all_pointers)}.db"
+            say("making the bundle", 0, 0)
             try:
                 made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
             except BaseException:
@@ -270,10 +294,12 @@ def push(
                     with open(os.devnull, "wb") as nowhere:
                         sent = write_wire(out, nowhere)
                 else:
-                    sent = write_wire(out, proc.stdin)
+                    sent = write_wire(out, proc.stdin, progress)
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
+            if not dry_run:
+                say(f"merging on {remote.host}", 0, 0)
             stdout, stderr = proc.stdout.read(), proc.stderr.read()  # a report and an error line at most
             proc.wait()
             if proc.returncode == 0:
@@ -292,10 +318,12 @@ def pull(
     *,
     dry_run: bool = False,
     label: str | None = None,
+    progress: Progress | None = None,
 ) -> TransferReport:
     """Bring ``target`` up to date with ``remote``: the bundle of what lies beyond
-    this target's marks, made there, merged here."""
+    this target's marks, made there, merged here. ``progress`` hears each step."""
     started = time.perf_counter()
+    say = progress or _silent
     target = Path(target)
     held = bundle.marks_of(target) if target.exists() and target.stat().st_size else {"sources": [], "exists": False}
     with scratch_beside(target, "dagsync-pull") as landing:
@@ -310,8 +338,9 @@ def pull(
             proc.stdin.write(json.dumps(held).encode())
             proc.stdin.close()
             landing.unlink(missing_ok=True)
+            say(f"{remote.host} makes the bundle", 0, 0)
             try:
-                got = read_wire(proc.stdout, landing)
+                got = read_wire(proc.stdout, landing, progress)
             except DagsyncError as exc:
                 status = proc.wait()
                 stderr = proc.stderr.read()
@@ -323,7 +352,7 @@ def pull(
                 raise transport.failure(remote, status, proc.stderr.read())
             made = _made(landing, landing.stat().st_size)
             try:
-                report = merge(target, [landing], dry_run=dry_run)
+                report = merge(target, [landing], dry_run=dry_run, progress=progress)
             except DagsyncError as exc:
                 if LEFT_OUT in str(exc) and not all_pointers:
                     continue
@@ -331,6 +360,10 @@ def pull(
             merged = json.loads(json.dumps(dataclasses.asdict(report)))
             return _report("pull", remote, target, dry_run, made, got, all_pointers, merged, started)
     raise AssertionError("unreachable")
+
+
+def _silent(phase: str, done: int, total: int) -> None:
+    pass
 
 
 def _made(path: Path, size: int) -> bundle.BundleReport:
@@ -375,16 +408,17 @@ def sync(
     *,
     dry_run: bool = False,
     labels: tuple[str | None, str | None] = (None, None),
+    progress: Progress | None = None,
 ) -> RemoteSyncReport:
     """Make ``local`` and ``remote`` hold the same history: pull, then push, then
     pull the fork rows the push added there (as ``dagsync.sync`` does for two files)."""
     label_local, label_remote = labels
-    pulled = pull(remote, local, transport, dry_run=dry_run, label=label_remote)
-    pushed = push(local, remote, transport, dry_run=dry_run, label=label_local)
+    pulled = pull(remote, local, transport, dry_run=dry_run, label=label_remote, progress=progress)
+    pushed = push(local, remote, transport, dry_run=dry_run, label=label_local, progress=progress)
     settle = None
     changed = pushed.merged and any(
         t["forked"] or t["moved"] for s in pushed.merged["sources"] for t in s["tables"]
     )
     if changed and not dry_run:
-        settle = pull(remote, local, transport, label=label_remote)
+        settle = pull(remote, local, transport, label=label_remote, progress=progress)
     return RemoteSyncReport(pulled, pushed, settle)

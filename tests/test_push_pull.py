@@ -125,6 +125,57 @@ def test_the_command_line_and_the_llm_plugin_push_and_pull(server, tmp_path):
             raise AssertionError(plugin.stderr)
 
 
+def test_push_and_pull_tell_progress_each_step_in_order(server, transport, tmp_path):
+    with machines() as (files, clock):
+        laptop, desk, _ = files
+        hub = tmp_path / "hub.db"
+        heard: list[tuple[str, int, int]] = []
+        push(laptop, far(server, hub), transport, progress=lambda *step: heard.append(step))
+        phases = [phase for phase, _, _ in heard]
+        steps = [f"asking {server.host} for marks", "making the bundle", "sending", f"merging on {server.host}"]
+        assert [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p] == steps
+        sending = [(done, total) for phase, done, total in heard if phase == "sending"]
+        assert sending[-1][0] == sending[-1][1] > 0
+        assert [done for done, _ in sending] == sorted(done for done, _ in sending)
+        heard.clear()
+        pull(far(server, hub), desk, transport, progress=lambda *step: heard.append(step))
+        phases = [phase for phase, _, _ in heard]
+        assert phases[0] == f"{server.host} makes the bundle" and "receiving" in phases
+        assert phases.index("receiving") < phases.index("copied")  # then the merge's own steps
+        receiving = [(done, total) for phase, done, total in heard if phase == "receiving"]
+        assert receiving[-1][0] == receiving[-1][1] > 0
+
+
+def test_on_a_terminal_push_shows_progress_and_piped_it_is_silent(server, tmp_path):
+    import pty
+
+    with machines() as (files, clock):
+        laptop = files[0]
+        hub = tmp_path / "hub.db"
+        argv = [sys.executable, "-m", "dagsync", "push", str(laptop), f"{server.host}:{hub}",
+                "-e", server.rsh, "--remote-dagsync", server.remote_dagsync, "--quiet"]  # fmt: skip
+        piped = subprocess.run(argv, capture_output=True, text=True)
+        assert (piped.returncode, piped.stdout, piped.stderr) == (0, "", "")
+        prompt(laptop, clock, 0, "more")
+        main, secondary = pty.openpty()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary)
+        os.close(secondary)
+        shown = b""
+        while True:
+            try:
+                block = os.read(main, 1 << 16)
+            except OSError:  # the other end closed
+                break
+            if not block:
+                break
+            shown += block
+        assert proc.wait() == 0 and proc.stdout.read() == b""
+        os.close(main)
+        text = shown.decode(errors="replace")
+        assert "Traceback" not in text
+        assert "\x1b[" in text  # the bar drew (and was cleared: --quiet prints nothing after it)
+
+
 @pytest.mark.parametrize(
     ("how", "expected"),
     [
