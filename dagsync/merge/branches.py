@@ -265,7 +265,9 @@ def plan(
             f'SELECT call, conv FROM (SELECT x."{call_key}" AS call, x."{conv}" AS old, '
             f"(SELECT b.row FROM temp.bchain b JOIN temp.depth d ON d.key = b.key AND d.row = b.row "
             f"WHERE b.key = m.key AND b.msg = {tip_sql} ORDER BY b.row != b.key, d.n, b.row LIMIT 1) AS conv "
-            f'FROM temp.members m JOIN {schema}."{calls}" x ON x."{conv}" = m.row) '
+            # CROSS JOIN: the few members first, then their calls by index (a temp
+            # table has no statistics; SQLite would scan every call).
+            f'FROM temp.members m CROSS JOIN {schema}."{calls}" x ON x."{conv}" = m.row) '
             "WHERE conv IS NOT NULL AND conv IS NOT old"
         )
 
