@@ -98,10 +98,7 @@ def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
     conn = apsw.Connection(str(out))
     conn.execute("ATTACH DATABASE ? AS t", (str(target),))
     conn.execute("ATTACH DATABASE ? AS s", (str(source),))
-    from dagsync.merge.marks import where
-
-    (entry,) = next(iter(conn.execute("SELECT id FROM t._dagsync_sources WHERE path = ?", (where(source),))))
-    marks = dict(conn.execute("SELECT tbl, mark FROM t._dagsync_marks WHERE source = ?", (entry,)).fetchall())
+    marks = marks_in(conn, "t", source)
     conn.execute("BEGIN")
     for table in fmt.merge_order:
         if table.name not in marks:
@@ -114,6 +111,45 @@ def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
     conn.execute("VACUUM")
     conn.close()
     return len(zstandard.ZstdCompressor(level=3).compress(out.read_bytes()))
+
+
+def marks_in(conn, schema: str, source: Path) -> dict[str, int]:
+    """The marks the target attached as ``schema`` keeps of ``source``: table -> highest rowid merged."""
+    from dagsync.merge.marks import where
+
+    (entry,) = next(iter(conn.execute(f"SELECT id FROM {schema}._dagsync_sources WHERE path = ?", (where(source),))))
+    return dict(conn.execute(f"SELECT tbl, mark FROM {schema}._dagsync_marks WHERE source = ?", (entry,)).fetchall())
+
+
+def child_raw_new_rows(target: str, source: str, fmt_name: str) -> dict:
+    """(b)'s own floor: raw SQLite copying just the source's rows beyond the
+    marks into the merged target (``INSERT OR IGNORE ... SELECT * ... WHERE
+    rowid > mark`` per table, one transaction, dagsync's page cache). What
+    any merge of the 1% must at least write: new rows into every index of
+    a large file, each commit journalled. Timed: ATTACH + inserts + COMMIT."""
+    import apsw
+
+    from dagsync.db import CACHE_KIB
+    from dagsync.formats.dag import DAG
+    from dagsync.formats.llm import LLM
+
+    fmt = LLM if fmt_name == "llm" else DAG
+    conn = apsw.Connection(target)
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    marks = marks_in(conn, "main", Path(source))
+    started = time.perf_counter()
+    conn.execute("ATTACH DATABASE ? AS s", (source,))
+    conn.execute("BEGIN")
+    inserted = 0
+    for table in fmt.merge_order:
+        if table.name in marks:
+            conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM s."{table.name}" WHERE rowid > ?', (marks[table.name],))
+            inserted += conn.changes()
+    conn.execute("COMMIT")
+    seconds = time.perf_counter() - started
+    conn.close()
+    return {"seconds": seconds, "rows": inserted, "peak_rss_mb": M.peak_rss_mb()}
 
 
 def rsync_bytes(old: Path, grown: Path, host: str, rsh: str, work: Path) -> int | None:
@@ -180,6 +216,8 @@ def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
     M.fresh_copy(p["grown"], source)
     out["merge_1pct"] = M.run_child("merge", target, source)
     out["least_bytes"] = least_bytes(p["merged"], source, fmt, work)
+    M.fresh_copy(p["merged"], target)
+    out["raw_1pct"] = M.run_script_child(__file__, ["raw", str(target), str(source), fmt], "raw copy of the new rows")
     # (c) the 1% pushed, to a copy of the merged target reached over ssh
     M.fresh_copy(p["merged"], target)
     rss_file = work / "remote-rss"
@@ -189,12 +227,21 @@ def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
         __file__, ["push", str(source), server.host, str(target), server.rsh, remote], "push"
     )
     out["push_1pct"]["remote_peak_rss_mb"] = float(rss_file.read_text()) if rss_file.exists() else None
+    # What any push pays before it sends a byte: one ssh session, and dagsync starting there.
+    out["ssh_alone"] = timed([*shlex.split(server.rsh), server.host, "true"])
+    out["ssh_dagsync_version"] = timed([*shlex.split(server.rsh), server.host, f"{server.remote_dagsync} --version"])
     out["rsync_bytes"] = rsync_bytes(p["before"], p["grown"], server.host, server.rsh, work) if first else None
     target.unlink(missing_ok=True)
     floor = out["floor"]["seconds"]
-    out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "push_1pct")}
+    out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct")}
     out["wire_vs_least"] = out["push_1pct"]["sent_bytes"] / out["least_bytes"]
     return out
+
+
+def timed(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True)
+    return time.perf_counter() - started
 
 
 def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict:
@@ -206,7 +253,13 @@ def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict
         "remerge_seconds": round(med(lambda r: r["remerge"]["seconds"]), 3),
         "merge_1pct_seconds": round(med(lambda r: r["merge_1pct"]["seconds"]), 3),
         "push_1pct_seconds": round(med(lambda r: r["push_1pct"]["seconds"]), 3),
-        "ratios": {k: round(med(lambda r, k=k: r["ratios"][k]), 4) for k in ("remerge", "merge_1pct", "push_1pct")},
+        "raw_1pct_seconds": round(med(lambda r: r["raw_1pct"]["seconds"]), 3),
+        "ratios": {
+            k: round(med(lambda r, k=k: r["ratios"][k]), 4) for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct")
+        },
+        "ssh_alone_seconds": round(med(lambda r: r["ssh_alone"]), 3),
+        "ssh_dagsync_version_seconds": round(med(lambda r: r["ssh_dagsync_version"]), 3),
+        "merge_vs_raw_1pct": round(med(lambda r: r["merge_1pct"]["seconds"] / r["raw_1pct"]["seconds"]), 2),
         "sent_bytes": int(med(lambda r: r["push_1pct"]["sent_bytes"])),
         "least_bytes": int(med(lambda r: r["least_bytes"])),
         "wire_vs_least": round(med(lambda r: r["wire_vs_least"]), 3),
@@ -229,7 +282,9 @@ def show(s: dict) -> None:
     print(f"  floor                     {s['floor_seconds']:8.2f} s")
     print(f"  (a) re-merge, nothing new {s['remerge_seconds']:8.3f} s = {r['remerge']:.4f}x floor   goal <= {GOALS['remerge']}x  {ok(r['remerge'] <= GOALS['remerge'])}")
     print(f"  (b) merge of the 1%       {s['merge_1pct_seconds']:8.3f} s = {r['merge_1pct']:.4f}x floor   goal <= {GOALS['merge_1pct']}x  {ok(r['merge_1pct'] <= GOALS['merge_1pct'])}")
+    print(f"      raw SQLite copying just the new rows: {s['raw_1pct_seconds']:.3f} s = {r['raw_1pct']:.4f}x floor; (b) is {s['merge_vs_raw_1pct']:.2f}x it")
     print(f"  (c) push of the 1%        {s['push_1pct_seconds']:8.3f} s = {r['push_1pct']:.4f}x floor   goal <= {GOALS['push_1pct']}x  {ok(r['push_1pct'] <= GOALS['push_1pct'])}")
+    print(f"      of which any push pays: ssh HOST true {s['ssh_alone_seconds']:.3f} s; ssh HOST dagsync --version {s['ssh_dagsync_version_seconds']:.3f} s")
     print(f"      on the wire {s['sent_bytes']:,} bytes; least {s['least_bytes']:,}: {s['wire_vs_least']:.2f}x   goal <= {GOALS['wire_vs_least']}x  {ok(s['wire_vs_least'] <= GOALS['wire_vs_least'])}")
     print(f"      rsync -az of the grown file onto the old one: {s['rsync_bytes']:,} bytes" if s["rsync_bytes"] else "      rsync: not installed")
     rss = s["peak_rss_mb"]
@@ -276,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, rest = sys.argv[2], sys.argv[3:]
-        print(json.dumps(child_push(*rest) if kind == "push" else {}))
+        print(json.dumps(child_push(*rest) if kind == "push" else child_raw_new_rows(*rest) if kind == "raw" else {}))
     elif len(sys.argv) > 1 and sys.argv[1] == "--remote-child":
         remote_child(sys.argv[2], sys.argv[3:])
     else:

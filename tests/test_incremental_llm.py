@@ -1,0 +1,122 @@
+"""The law of incremental merges (tests/test_incremental.py) for the llm format.
+
+Three llm 0.36 databases that synced once (``fixtures.family_llm``) go on as
+llm would: threads continued (their tips move), new threads, forks
+(``LogStore.fork``), a thread deleted as ``llm logs rm`` deletes one and
+then gc, a VACUUM, a file replaced by another machine's. Between those
+steps they are merged, synced and bundled into each other. Every merge is
+made twice from the same target, once from its marks and once ``full``, and
+the two targets hold the same rows, table by table: the incremental merge
+ends where a full one does, whatever made it fall back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from dagsync.gc import gc
+from dagsync.sync import sync
+from dagsync.verify import verify
+from fixtures import family_llm
+from fixtures.llm_format import grow_llm
+from tests.test_incremental import bundled_both_ways, merged_both_ways
+
+pytest.importorskip("llm")
+
+def two(kind: str) -> st.SearchStrategy[tuple[str, int, int]]:
+    """A step between two different machines."""
+    return st.permutations(range(3)).map(lambda p: (kind, p[0], p[1]))
+
+
+steps = st.lists(
+    st.one_of(
+        # machine, threads continued, new threads, forks
+        st.tuples(st.just("grow"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 1), st.integers(0, 1)),
+        two("merge"), two("sync"), two("bundle"), two("replace"),
+        st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 7)),
+        st.tuples(st.just("vacuum"), st.integers(0, 2)),
+    ),
+    min_size=3,
+    max_size=14,
+)
+
+
+@contextlib.contextmanager
+def llm_machines(seed: int) -> Iterator[list[Path]]:
+    """Three llm databases that synced once and went their own ways, each in a folder of its own."""
+    with tempfile.TemporaryDirectory() as d:
+        made = family_llm(Path(d) / "family", seed=seed, machines=3, conversations=6, shared_fraction=0.5)
+        paths = []
+        for name, report in zip(("laptop", "server", "desk"), made):
+            (Path(d) / name).mkdir()
+            paths.append(Path(d) / name / "logs.db")
+            shutil.move(report.path, paths[-1])
+        yield paths
+
+
+def logs_rm(path: Path, row: int) -> None:
+    """Delete a thread that nothing forked from, with its turns and what hangs off them (as
+    ``llm logs rm`` would), then gc what only it reached."""
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        ids = [
+            r for (r,) in conn.execute(
+                "SELECT id FROM threads t WHERE NOT EXISTS (SELECT 1 FROM threads f WHERE f.forked_from = t.id) ORDER BY id"
+            )
+        ]  # fmt: skip
+        if len(ids) < 2:
+            return
+        gone = ids[row % len(ids)]
+        turns = "SELECT id FROM turns WHERE thread_id = ?"
+        for table in ("turn_search", "turn_fragments", "turn_tools", "tool_instantiations"):
+            conn.execute(f"DELETE FROM {table} WHERE turn_id IN ({turns})", (gone,))
+        conn.execute("DELETE FROM turns WHERE thread_id = ?", (gone,))
+        conn.execute("DELETE FROM threads WHERE id = ?", (gone,))
+    gc(path, grace=0)
+
+
+@settings(max_examples=int(os.environ.get("DAGSYNC_EXAMPLES", 12)), deadline=None)
+@given(history=steps, seed=st.integers(0, 2**16))
+@example(
+    history=[("grow", 0, 1, 1, 1), ("merge", 1, 0), ("grow", 0, 2, 0, 0), ("merge", 1, 0), ("rm", 0, 3),
+             ("merge", 1, 0), ("vacuum", 0), ("grow", 0, 1, 1, 0), ("bundle", 1, 0), ("replace", 0, 2),
+             ("grow", 0, 1, 0, 1), ("merge", 1, 0), ("sync", 1, 2)],
+    seed=1,
+)  # fmt: skip
+def test_an_llm_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
+    days = itertools.count(400)
+    with llm_machines(seed) as files:
+        for step in history:
+            if step[0] == "grow":
+                _, machine, continued, new, forks = step
+                day = next(days)
+                grow_llm(files[machine], seed=seed, stream=day, continued=continued, new=new, forks=forks, day=day)
+            elif step[0] == "merge":
+                report, _ = merged_both_ways(files[step[1]], files[step[2]])
+                event(f"merge read the source {'from its marks' if report.incremental else 'whole: ' + report.full_because.split(' (')[0]}")
+            elif step[0] == "bundle":
+                bundled_both_ways(files[step[1]], files[step[2]])
+            elif step[0] == "rm":
+                logs_rm(files[step[1]], step[2])
+            elif step[0] == "vacuum":
+                with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
+                    conn.execute("VACUUM")
+            elif step[0] == "replace":
+                shutil.copyfile(files[step[2]], files[step[1]])
+            else:
+                a, b = files[step[1]], files[step[2]]
+                merged_both_ways(a, b)
+                merged_both_ways(b, a)
+                sync(a, b)
+        for path in files:
+            assert verify(path).problems == ()
