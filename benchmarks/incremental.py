@@ -124,12 +124,14 @@ def marks_in(conn, schema: str, source: Path) -> dict[str, int]:
 def child_raw_new_rows(target: str, source: str, fmt_name: str) -> dict:
     """(b)'s own floor: raw SQLite copying just the source's rows beyond the
     marks into the merged target (``INSERT OR IGNORE ... SELECT * ... WHERE
-    rowid > mark`` per table, one transaction, dagsync's page cache). What
+    rowid > mark`` per table, integer-keyed rows under new ids, one
+    transaction, dagsync's page cache). What
     any merge of the 1% must at least write: new rows into every index of
     a large file, each commit journalled. Timed: ATTACH + inserts + COMMIT."""
     import apsw
 
     from dagsync.db import CACHE_KIB
+    from dagsync.formats import Key
     from dagsync.formats.dag import DAG
     from dagsync.formats.llm import LLM
 
@@ -144,7 +146,12 @@ def child_raw_new_rows(target: str, source: str, fmt_name: str) -> dict:
     inserted = 0
     for table in fmt.merge_order:
         if table.name in marks:
-            conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM s."{table.name}" WHERE rowid > ?', (marks[table.name],))
+            # An integer-keyed row gets a new id (its source id is another row's here), as merge.py's keeping floor.
+            columns = ", ".join(f'"{c}"' for c in fmt.columns[table.name] if not (table.key is Key.INTEGER and c == "id"))
+            conn.execute(
+                f'INSERT OR IGNORE INTO main."{table.name}" ({columns}) SELECT {columns} FROM s."{table.name}" WHERE rowid > ?',
+                (marks[table.name],),
+            )
             inserted += conn.changes()
     conn.execute("COMMIT")
     seconds = time.perf_counter() - started

@@ -64,7 +64,7 @@ def merged_both_ways(target: Path, source: Path, **kwargs) -> tuple:
 
 # Besides prompts, merges and syncs: a bundle of one machine made against
 # another's marks and merged there; a conversation deleted by hand (as `llm
-# logs rm` does) and then gc; a VACUUM; gc on a target.
+# logs rm` does) and then gc; a VACUUM; a file replaced by another machine's.
 more_steps = st.lists(
     st.one_of(
         st.tuples(st.just("prompt"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 3)),
@@ -73,6 +73,7 @@ more_steps = st.lists(
         st.tuples(st.just("bundle"), st.integers(0, 2), st.integers(0, 2)).filter(lambda s: s[1] != s[2]),
         st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 3)),
         st.tuples(st.just("vacuum"), st.integers(0, 2)),
+        st.tuples(st.just("replace"), st.integers(0, 2), st.integers(0, 2)).filter(lambda s: s[1] != s[2]),
     ),
     min_size=3,
     max_size=16,
@@ -146,6 +147,8 @@ def test_a_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
             elif step[0] == "vacuum":
                 with sqlite3.connect(files[step[1]]) as conn:
                     conn.execute("VACUUM")
+            elif step[0] == "replace":
+                shutil.copyfile(files[step[2]], files[step[1]])
             else:
                 a, b = files[step[1]], files[step[2]]
                 merged_both_ways(a, b)

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -22,13 +23,16 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from dagsync.merge import merge
+from dagsync.merge.core import source_label
 from dagsync.remote import Remote, Transport, pull, push, sync
 from dagsync.verify import verify
 from tests import sshd
 from tests.test_fork_histories import machines, prompt
-from tests.test_incremental import rows
+from tests.test_incremental import forget, rows
 
 CUT = Path(__file__).with_name("cut_rsh.py")
 
@@ -331,3 +335,53 @@ def test_a_push_killed_at_either_end_leaves_the_target_consistent_and_the_next_p
         assert killed, "no kill interrupted a push: the test proved nothing"
         push(laptop, far(server, hub), transport)
         assert rows(hub) == after
+
+
+# The law of tests/test_incremental.py across machines: pushes and pulls
+# among prompts, deletions with gc, VACUUMs and replaced files; each transfer
+# ends where a full merge of the same source into the same target does.
+transfers = st.lists(
+    st.one_of(
+        st.tuples(st.just("prompt"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 3)),
+        st.permutations(range(3)).map(lambda p: ("push", p[0], p[1])),
+        st.permutations(range(3)).map(lambda p: ("pull", p[0], p[1])),
+        st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 3)),
+        st.tuples(st.just("vacuum"), st.integers(0, 2)),
+        st.permutations(range(3)).map(lambda p: ("replace", p[0], p[1])),
+    ),
+    min_size=3,
+    max_size=10,
+)
+
+
+@settings(max_examples=int(os.environ.get("DAGSYNC_PUSH_EXAMPLES", 6)), deadline=None)
+@given(history=transfers, seed=st.integers(0, 2**32))
+@example(history=[("push", 0, 1), ("prompt", 0, 0, 1), ("push", 0, 1), ("rm", 1, 0), ("pull", 2, 1),
+                  ("prompt", 1, 1, 2), ("vacuum", 1), ("pull", 2, 1), ("replace", 0, 2), ("push", 0, 1)], seed=3)  # fmt: skip
+def test_any_history_of_pushes_and_pulls_ends_as_full_merges_do(server, history, seed):
+    transport = Transport(server.rsh, server.remote_dagsync)
+    with machines(seed) as (files, clock):
+        for step in history:
+            if step[0] in ("push", "pull"):
+                _, source, target = step
+                full = files[target].with_name("full.db")
+                shutil.copyfile(files[target], full)
+                if step[0] == "push":
+                    push(files[source], far(server, files[target]), transport)
+                else:
+                    pull(far(server, files[source]), files[target], transport)
+                merge(full, [files[source]], full=True, target_label=source_label(files[target]))
+                assert rows(files[target]) == rows(full), step
+                full.unlink()
+            elif step[0] == "prompt":
+                _, machine, row, words = step
+                prompt(files[machine], clock, row, f"w{words}")
+            elif step[0] == "rm":
+                forget(files[step[1]], step[2])
+            elif step[0] == "vacuum":
+                with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
+                    conn.execute("VACUUM")
+            else:
+                shutil.copyfile(files[step[2]], files[step[1]])
+        for path in files:
+            assert verify(path).problems == ()

@@ -237,8 +237,14 @@ def _try_source(
     elif scratch is not None:
         # What lies beyond the marks, read afresh on every attempt.
         file = Path(scratch) / f"delta-{attempt}.db"
-        after = _extract(target, source, decision, file)
+        extracted = _extract(target, source, decision, file)
+        after = extracted.now
         run = SourceMerge(target, source, writer, *labels, file=file, thin=True)
+        if not any(extracted.rows.values()) and decision.marks is not None and after == decision.marks.tables:
+            # Nothing beyond the marks and no pointer moved: nothing to plan or
+            # write, and the marks stand as they are.
+            run.source_tables = set(extracted.rows)
+            return run.report()
     else:
         run = SourceMerge(target, source, writer, *labels)
         run.full_because = decision.why_full
@@ -267,15 +273,15 @@ def _try_source(
     return None
 
 
-def _extract(target: Database, source: Path, decision: marks.Decision, file: Path) -> dict[str, tuple[int, str | None]]:
-    """Write what ``source`` holds beyond its marks to ``file``; the source's marks now."""
+def _extract(target: Database, source: Path, decision: marks.Decision, file: Path) -> delta.Extract:
+    """Write what ``source`` holds beyond its marks to ``file``: its rows per table, and the source's marks now."""
     conn = target.conn
     uri = "file:" + urllib.parse.quote(str(source.resolve())) + "?mode=ro"
     conn.execute("ATTACH DATABASE ? AS src", (uri,))
     try:
         present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
         assert decision.marks is not None
-        return delta.extract(conn, target.format, decision.marks.tables, present, file, decision.marks.entry).now
+        return delta.extract(conn, target.format, decision.marks.tables, present, file, decision.marks.entry)
     finally:
         conn.execute("DETACH DATABASE src")
 
