@@ -14,6 +14,7 @@ only beyond its marks, and the target ends exactly as a full merge leaves it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -25,11 +26,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dagsync import bookkeeping, bundle
+from dagsync.blobs import pack
+from dagsync.canonicalise import canonicalise
 from dagsync.errors import DagsyncError
 from dagsync.gc import gc
 from dagsync.merge import merge
 from dagsync.merge.core import source_label
 from dagsync.sync import sync
+from dagsync.unpack import unpack
 from dagsync.verify import verify
 from tests.test_fork_histories import THREE_MACHINES, machines, prompt
 
@@ -253,3 +257,57 @@ def test_a_moved_source_is_still_read_from_its_marks():
         prompt(moved, clock, 0, "after the move")
         report, _ = merged_both_ways(server, moved)
         assert report.incremental
+
+
+def _twin(path: Path) -> None:
+    """A second copy of one message under the same parent (as files from before the
+    unique index hold), for canonicalise to collapse."""
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("DROP INDEX idx_messages_parent_hash_unique")
+        (first,) = conn.execute("SELECT id FROM messages WHERE id != 'root' ORDER BY id LIMIT 1").fetchone()
+        twin = "7ZZZZZZZZZZZZZZZZZZZZZZZZZ"
+        conn.execute(
+            "INSERT INTO messages SELECT ?, parent_id, content_hash, role, provider_metadata_json, created_at "
+            "FROM messages WHERE id = ?", (twin, first),
+        )  # fmt: skip
+        conn.execute(
+            'INSERT INTO message_parts SELECT id || \'-twin\', ?, "order", part_type, content, content_json, tool_call_id, '
+            "server_executed FROM message_parts WHERE message_id = ?", (twin, first),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("change", ["canonicalise", "unpack"])
+def test_a_target_canonicalised_or_unpacked_since_the_marks_makes_the_next_merge_read_the_source_whole(change):
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        if change == "canonicalise":
+            _twin(server)
+            assert canonicalise(server).collapsed == 1
+        else:
+            pack(server)
+            unpack(server)
+        prompt(laptop, clock, 1, "two")
+        report, _ = merged_both_ways(server, laptop)
+        assert not report.incremental
+        assert report.full_because.startswith(f"the target was changed since ({change} at "), report.full_because
+        assert merge(server, [laptop]).sources[0].incremental
+
+
+def test_a_target_restored_from_a_backup_merges_from_the_marks_it_holds():
+    """A restored file holds the marks of when it was saved: the merge reads from
+    those, and brings back everything the backup missed."""
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        backup = server.with_name("backup.db")
+        shutil.copyfile(server, backup)
+        prompt(laptop, clock, 0, "two")
+        merge(server, [laptop])
+        shutil.copyfile(backup, server)
+        prompt(laptop, clock, 1, "three")
+        report, _ = merged_both_ways(server, laptop)
+        assert report.incremental
+        assert report.table("calls").added == 2

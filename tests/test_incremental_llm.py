@@ -17,19 +17,18 @@ import itertools
 import os
 import shutil
 import sqlite3
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from dagsync.gc import gc
+from dagsync.blobs import pack
+from dagsync.merge import merge
 from dagsync.sync import sync
+from dagsync.unpack import unpack
 from dagsync.verify import verify
-from fixtures import family_llm
 from fixtures.llm_format import grow_llm
+from tests.llm_history import llm_machines, logs_rm
 from tests.test_incremental import bundled_both_ways, merged_both_ways
 
 pytest.importorskip("llm")
@@ -50,39 +49,6 @@ steps = st.lists(
     min_size=3,
     max_size=14,
 )
-
-
-@contextlib.contextmanager
-def llm_machines(seed: int) -> Iterator[list[Path]]:
-    """Three llm databases that synced once and went their own ways, each in a folder of its own."""
-    with tempfile.TemporaryDirectory() as d:
-        made = family_llm(Path(d) / "family", seed=seed, machines=3, conversations=6, shared_fraction=0.5)
-        paths = []
-        for name, report in zip(("laptop", "server", "desk"), made):
-            (Path(d) / name).mkdir()
-            paths.append(Path(d) / name / "logs.db")
-            shutil.move(report.path, paths[-1])
-        yield paths
-
-
-def logs_rm(path: Path, row: int) -> None:
-    """Delete a thread that nothing forked from, with its turns and what hangs off them (as
-    ``llm logs rm`` would), then gc what only it reached."""
-    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
-        ids = [
-            r for (r,) in conn.execute(
-                "SELECT id FROM threads t WHERE NOT EXISTS (SELECT 1 FROM threads f WHERE f.forked_from = t.id) ORDER BY id"
-            )
-        ]  # fmt: skip
-        if len(ids) < 2:
-            return
-        gone = ids[row % len(ids)]
-        turns = "SELECT id FROM turns WHERE thread_id = ?"
-        for table in ("turn_search", "turn_fragments", "turn_tools", "tool_instantiations"):
-            conn.execute(f"DELETE FROM {table} WHERE turn_id IN ({turns})", (gone,))
-        conn.execute("DELETE FROM turns WHERE thread_id = ?", (gone,))
-        conn.execute("DELETE FROM threads WHERE id = ?", (gone,))
-    gc(path, grace=0)
 
 
 @settings(max_examples=int(os.environ.get("DAGSYNC_EXAMPLES", 12)), deadline=None)
@@ -120,3 +86,42 @@ def test_an_llm_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
                 sync(a, b)
         for path in files:
             assert verify(path).problems == ()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("logs rm, then gc", "the source's "),
+        ("vacuum", "the source's "),
+        ("replaced", "the source's "),
+        ("gc of the target", "the target was changed since (gc at "),
+        ("unpack of the target", "the target was changed since (unpack at "),
+    ],
+)
+def test_each_way_marks_stop_holding_makes_an_llm_merge_read_the_source_whole(change, why):
+    with llm_machines(seed=5) as (laptop, server, desk):
+        grow_llm(laptop, seed=5, stream=1, continued=2, new=1, day=400)
+        merge(server, [laptop])
+        if change == "logs rm, then gc":
+            logs_rm(laptop, -1)  # the newest thread: the rows at the marks (a deletion below them changes nothing)
+            grow_llm(laptop, seed=5, stream=2, continued=1, new=1, day=401)
+        elif change == "vacuum":
+            logs_rm(laptop, -1)
+            grow_llm(laptop, seed=5, stream=2, continued=1, new=1, day=401)  # takes the freed rowids
+            with contextlib.closing(sqlite3.connect(laptop)) as conn:
+                conn.execute("VACUUM")
+        elif change == "replaced":
+            grow_llm(desk, seed=5, stream=3, continued=1, new=2, day=401)
+            shutil.copyfile(desk, laptop)
+        elif change == "gc of the target":
+            logs_rm(server, 2)
+        else:
+            pack(server)
+            unpack(server)
+        grow_llm(laptop, seed=5, stream=4, continued=1, new=1, day=402)
+        report, _ = merged_both_ways(server, laptop)
+        assert not report.incremental
+        assert report.full_because.startswith(why), report.full_because
+        grow_llm(laptop, seed=5, stream=5, continued=1, new=1, day=403)
+        again, _ = merged_both_ways(server, laptop)
+        assert again.incremental

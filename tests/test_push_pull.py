@@ -7,6 +7,7 @@ running dagsync there as ``python -m dagsync`` (``--remote-dagsync``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -30,7 +31,9 @@ from dagsync.merge import merge
 from dagsync.merge.core import source_label
 from dagsync.remote import Remote, Transport, pull, push, sync
 from dagsync.verify import verify
+from fixtures.llm_format import grow_llm
 from tests import sshd
+from tests.llm_history import llm_machines, logs_rm
 from tests.test_fork_histories import machines, prompt
 from tests.test_incremental import forget, rows
 
@@ -378,6 +381,56 @@ def test_any_history_of_pushes_and_pulls_ends_as_full_merges_do(server, history,
                 prompt(files[machine], clock, row, f"w{words}")
             elif step[0] == "rm":
                 forget(files[step[1]], step[2])
+            elif step[0] == "vacuum":
+                with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
+                    conn.execute("VACUUM")
+            else:
+                shutil.copyfile(files[step[2]], files[step[1]])
+        for path in files:
+            assert verify(path).problems == ()
+
+
+llm_transfers = st.lists(
+    st.one_of(
+        st.tuples(st.just("grow"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 1), st.integers(0, 1)),
+        st.permutations(range(3)).map(lambda p: ("push", p[0], p[1])),
+        st.permutations(range(3)).map(lambda p: ("pull", p[0], p[1])),
+        st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 7)),
+        st.tuples(st.just("vacuum"), st.integers(0, 2)),
+        st.permutations(range(3)).map(lambda p: ("replace", p[0], p[1])),
+    ),
+    min_size=3,
+    max_size=10,
+)
+
+
+@settings(max_examples=int(os.environ.get("DAGSYNC_PUSH_EXAMPLES", 6)), deadline=None)
+@given(history=llm_transfers, seed=st.integers(0, 2**16))
+@example(history=[("push", 0, 1), ("grow", 0, 1, 1, 1), ("push", 0, 1), ("rm", 1, 0), ("pull", 2, 1),
+                  ("grow", 1, 1, 0, 0), ("vacuum", 1), ("pull", 2, 1), ("replace", 0, 2), ("push", 0, 1)], seed=3)  # fmt: skip
+def test_any_llm_history_of_pushes_and_pulls_ends_as_full_merges_do(server, history, seed):
+    pytest.importorskip("llm")
+    transport = Transport(server.rsh, server.remote_dagsync)
+    days = itertools.count(400)
+    with llm_machines(seed) as files:
+        for step in history:
+            if step[0] in ("push", "pull"):
+                _, source, target = step
+                full = files[target].with_name("full.db")
+                shutil.copyfile(files[target], full)
+                if step[0] == "push":
+                    push(files[source], far(server, files[target]), transport)
+                else:
+                    pull(far(server, files[source]), files[target], transport)
+                merge(full, [files[source]], full=True, target_label=source_label(files[target]))
+                assert rows(files[target]) == rows(full), step
+                full.unlink()
+            elif step[0] == "grow":
+                _, machine, continued, new, forks = step
+                day = next(days)
+                grow_llm(files[machine], seed=seed, stream=day, continued=continued, new=new, forks=forks, day=day)
+            elif step[0] == "rm":
+                logs_rm(files[step[1]], step[2])
             elif step[0] == "vacuum":
                 with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
                     conn.execute("VACUUM")

@@ -121,7 +121,7 @@ def _create(fmt: Format, out: Path) -> None:
             bookkeeping.ensure(new)
             new.execute("DELETE FROM _llm_migrations")
             # The dag sentinel comes from the source with its other first rows, if at all.
-            new.execute(f"DELETE FROM messages")
+            new.execute("DELETE FROM messages")
     finally:
         new.close()
 
