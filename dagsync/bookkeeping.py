@@ -74,6 +74,16 @@ CREATE TABLE IF NOT EXISTS _dagsync_mark_pointers (
     head TEXT,
     PRIMARY KEY (source, tbl, key)
 ) WITHOUT ROWID;
+-- Per source and pointer table, the digest of those rows (merge.marks.pointer_digest,
+-- kept up to date as they change), so that a bundle's digest is checked in the
+-- time its own rows take (bundle.received). Signed: the digest less 2**63.
+CREATE TABLE IF NOT EXISTS _dagsync_mark_digests (
+    source INTEGER NOT NULL,
+    tbl TEXT NOT NULL,
+    rows INTEGER NOT NULL,
+    digest INTEGER NOT NULL,
+    PRIMARY KEY (source, tbl)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
     tbl TEXT NOT NULL,
     key TEXT NOT NULL,

@@ -13,7 +13,7 @@ cannot be sure of it:
 * a reference resolving neither in the bundle nor in the target - the
   merge's own dangling checks;
 * a pointer row the source moved in place that the bundle left out: each
-  pointer table's digest (``delta.pointer_digest``) over the source's rows,
+  pointer table's digest (``marks.pointer_digest``) over the source's rows,
   checked against the rows the target last merged plus the bundle's.
 
 ``marks_of`` is what a target tells a machine that makes a bundle for it
@@ -258,16 +258,19 @@ def _holding(conn: apsw.Connection, identity: str, since: dict[str, tuple[int, s
 
 def _expected(conn: apsw.Connection, fmt: Format, entry: int | None, table: str) -> tuple[int, int]:
     """The digest of ``table``'s pointer rows the source must have: the rows the target
-    last merged from it, each replaced by the bundle's where the bundle has one."""
+    last merged from it, each replaced by the bundle's where the bundle has one.
+    From the digest the target keeps of those rows, in the time the bundle's own take."""
     t = fmt.table(table)
     key, pointer = t.natural_key[0], t.pointer
-    count, total = delta.pointer_digest(conn, "src", table, key, pointer)
-    if entry is not None:
-        for k, head in conn.execute(
-            f"SELECT p.key, p.head FROM main._dagsync_mark_pointers p WHERE p.source = ? AND p.tbl = ? "
-            f'AND NOT EXISTS (SELECT 1 FROM src."{table}" s WHERE s."{key}" = p.key)',
-            (entry, table),
-        ):
-            count += 1
-            total += delta.row_hash(k, head)
-    return count, total % (1 << 64)
+    count, total = marks.pointer_digest(conn, "src", table, key, pointer)
+    if entry is None:
+        return count, total
+    recorded = "SELECT p.key, p.head FROM main._dagsync_mark_pointers p WHERE p.source = ? AND p.tbl = ? AND "
+    held = marks.stored_digest(conn, entry, table)
+    if held is None:  # marks kept before their digest was: each row the bundle does not replace
+        others = marks.pointer_digest_of(conn.execute(
+            f'{recorded} NOT EXISTS (SELECT 1 FROM src."{table}" s WHERE s."{key}" = p.key)', (entry, table)
+        ))  # fmt: skip
+        return count + others[0], (total + others[1]) % (1 << 64)
+    replaced = marks.pointer_digest_of(conn.execute(f'{recorded} p.key IN (SELECT "{key}" FROM src."{table}")', (entry, table)))
+    return count + held[0] - replaced[0], (total + held[1] - replaced[1]) % (1 << 64)

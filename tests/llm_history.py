@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import apsw
+
+from dagsync import bookkeeping
 from dagsync.gc import gc
 from fixtures import family_llm
 
@@ -30,8 +32,14 @@ def llm_machines(seed: int) -> Iterator[list[Path]]:
 
 def logs_rm(path: Path, row: int) -> None:
     """Delete a thread that nothing forked from, with its turns and what hangs off them (as
-    ``llm logs rm`` would), then gc what only it reached."""
-    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+    ``llm logs rm`` would), then gc what only it reached.
+
+    The file is stamped as rewritten, as a deletion by dagsync is (gc, and
+    issue 6/6's forget): marks made before no longer hold for it as a target.
+    A deletion by hand in a target is not seen by an incremental merge
+    (docs/consolidation.md); one in a source is, and the law covers it.
+    """
+    with contextlib.closing(apsw.Connection(str(path))) as conn, conn:
         ids = [
             r for (r,) in conn.execute(
                 "SELECT id FROM threads t WHERE NOT EXISTS (SELECT 1 FROM threads f WHERE f.forked_from = t.id) ORDER BY id"
@@ -45,4 +53,5 @@ def logs_rm(path: Path, row: int) -> None:
             conn.execute(f"DELETE FROM {table} WHERE turn_id IN ({turns})", (gone,))
         conn.execute("DELETE FROM turns WHERE thread_id = ?", (gone,))
         conn.execute("DELETE FROM threads WHERE id = ?", (gone,))
+        bookkeeping.rewritten(conn, "forget")
     gc(path, grace=0)

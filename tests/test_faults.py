@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys

@@ -38,7 +38,7 @@ from dagsync.verify import verify
 from tests.test_fork_histories import THREE_MACHINES, machines, prompt
 
 # dagsync's records of its own marks: what differs between an incremental and a full merge.
-MARK_TABLES = {"_dagsync_sources", "_dagsync_marks", "_dagsync_mark_pointers"}
+MARK_TABLES = {"_dagsync_sources", "_dagsync_marks", "_dagsync_mark_pointers", "_dagsync_mark_digests"}
 
 
 def rows(path: Path) -> dict[str, list[tuple]]:
@@ -311,3 +311,38 @@ def test_a_target_restored_from_a_backup_merges_from_the_marks_it_holds():
         report, _ = merged_both_ways(server, laptop)
         assert report.incremental
         assert report.table("calls").added == 2
+
+
+@pytest.mark.parametrize("digests", ["kept", "from before they were kept"])
+def test_a_bundle_leaving_out_a_pointer_its_source_moved_in_place_is_refused_whole(digests):
+    """The source moved a conversation's head back to an older message: nothing beyond
+    the marks says so, but the digest of its pointer rows does."""
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        prompt(laptop, clock, 1, "two")
+        merge(server, [laptop])
+        if digests != "kept":
+            with contextlib.closing(sqlite3.connect(server)) as conn, conn:
+                conn.execute("DELETE FROM _dagsync_mark_digests")
+        with contextlib.closing(sqlite3.connect(laptop)) as conn, conn:
+            conn.execute(
+                "UPDATE conversations SET head_message_id = (SELECT parent_id FROM messages WHERE id = head_message_id) "
+                "WHERE id = (SELECT min(id) FROM conversations)"
+            )
+        prompt(laptop, clock, 1, "three")
+        out = server.with_name("bundle.db")
+        bundle.make(laptop, bundle.marks_of(server), out)
+        before = server.read_bytes()
+        with pytest.raises(DagsyncError) as refused:
+            merge(server, [out])
+        assert str(refused.value) == (
+            f"{out} leaves out conversations rows its source changed in place (the digest of its pointers does not "
+            "match); nothing was merged - make the bundle again with --all-pointers"
+        )
+        assert server.read_bytes() == before
+        out.unlink()
+        bundled_both_ways(server, laptop)  # with every pointer row: taken, and as a full merge leaves it
+        prompt(laptop, clock, 0, "four")
+        bundle.make(laptop, bundle.marks_of(server), out)
+        assert merge(server, [out]).sources[0].table("calls").added == 1  # the digest kept up to date

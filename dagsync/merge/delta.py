@@ -26,7 +26,6 @@ before children) is the delta's too.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,16 +34,16 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.db import harden, initialise
 from dagsync.formats import Format, Key, Table
-from dagsync.merge.marks import marked_tables, taken
+from dagsync.merge.marks import marked_tables, pointer_digest, taken
 
-__all__ = ["Extract", "extract", "pointer_digest", "row_hash"]
+__all__ = ["Extract", "extract"]
 
 
 @dataclass(frozen=True)
 class Extract:
     """What ``extract`` wrote: the source's marks now (what the delta brings a
     target up to), rows per table, and for a delta made without the target
-    (a bundle), each pointer table's digest (``pointer_digest``)."""
+    (a bundle), each pointer table's digest (``marks.pointer_digest``)."""
 
     now: dict[str, tuple[int, str | None]]
     rows: dict[str, int]
@@ -91,21 +90,6 @@ def extract(
             conn.execute(f'DROP TABLE temp."{name}"')
         conn.execute("DETACH DATABASE dlt")
     return Extract(now, rows, digests)
-
-
-def pointer_digest(conn: apsw.Connection, schema: str, table: str, key: str, pointer: str, bound: int | None = None) -> tuple[int, int]:
-    """(rows, digest) of a pointer table's (key, pointer) pairs: the digest is a
-    sum of 64-bit hashes, so a row's part can be taken out and put back."""
-    within = f"WHERE rowid <= {int(bound)}" if bound is not None else ""
-    count = total = 0
-    for k, head in conn.execute(f'SELECT "{key}", "{pointer}" FROM {schema}."{table}" {within}'):
-        count += 1
-        total += row_hash(k, head)
-    return count, total % (1 << 64)
-
-
-def row_hash(key: object, head: object) -> int:
-    return int.from_bytes(hashlib.blake2b(repr((key, head)).encode(), digest_size=8).digest(), "big")
 
 
 def _create(fmt: Format, out: Path) -> None:

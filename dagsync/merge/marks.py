@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,10 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.formats import Format, Key
 
-__all__ = ["Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "moved_from", "save", "taken", "where"]
+__all__ = [
+    "Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "moved_from", "pointer_digest",
+    "pointer_digest_of", "row_hash", "save", "stored_digest", "taken", "where",
+]  # fmt: skip
 
 # dagsync's own tables a merge reads from a source, append-only: marked too.
 MARKED_BOOKKEEPING = {
@@ -237,6 +241,7 @@ def save(
         if decision.marks is None:
             # Merged in full: the entry's old records no longer describe this file.
             conn.execute("DELETE FROM main._dagsync_mark_pointers WHERE source = ?", (entry,))
+            conn.execute("DELETE FROM main._dagsync_mark_digests WHERE source = ?", (entry,))
             conn.execute("DELETE FROM main._dagsync_marks WHERE source = ?", (entry,))
         conn.execute(
             "UPDATE main._dagsync_sources SET identity = ?, path = ?, label = ?, merged_at = ?, rewritten = ? WHERE id = ?",
@@ -250,12 +255,71 @@ def save(
         if table.pointer and table.name in marks:
             key = table.natural_key[0]
             rows = f'{pointers}."{table.name}"' if pointers != "temp" else f'temp."marked_{table.name}"'
-            conn.execute(
-                f'INSERT OR REPLACE INTO main._dagsync_mark_pointers (source, tbl, key, head) SELECT ?, ?, s."{key}", '
-                f's."{table.pointer}" FROM {rows} s WHERE NOT EXISTS '
-                "(SELECT 1 FROM main._dagsync_mark_pointers p WHERE p.source = ? AND p.tbl = ? "
+            changed = (
+                f'SELECT s."{key}" AS key, s."{table.pointer}" AS head FROM {rows} s WHERE NOT EXISTS '
+                "(SELECT 1 FROM main._dagsync_mark_pointers p WHERE p.source = ?1 AND p.tbl = ?2 "
                 f'AND p.key = s."{key}" AND p.head IS s."{table.pointer}") '
                 # A head the plan did not hold (a source damaged there) is not recorded: the next merge looks again.
-                f'AND (s."{table.pointer}" IS NULL OR EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s."{table.pointer}"))',
-                (entry, table.name, entry, table.name),
+                f'AND (s."{table.pointer}" IS NULL OR EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s."{table.pointer}"))'
             )
+            _update_digest(conn, entry, table.name, changed)
+            conn.execute(
+                f"INSERT OR REPLACE INTO main._dagsync_mark_pointers (source, tbl, key, head) SELECT ?1, ?2, key, head FROM ({changed})",
+                (entry, table.name),
+            )
+
+
+def stored_digest(conn: apsw.Connection, entry: int, table: str) -> tuple[int, int] | None:
+    """(rows, digest) of the pointer rows the target keeps of entry's ``table``
+    (``pointer_digest``), or None where marks from before it was kept are."""
+    for rows, digest in conn.execute(
+        "SELECT rows, digest FROM main._dagsync_mark_digests WHERE source = ? AND tbl = ?", (entry, table)
+    ):
+        return rows, digest + (1 << 63)
+    return None
+
+
+def _update_digest(conn: apsw.Connection, entry: int, table: str, changed: str) -> None:
+    """Bring the stored digest of the entry's ``table`` pointer rows up to date with
+    the rows ``changed`` (key, head) is about to write: each replaced row's part
+    taken out, each new one's put in. Computed whole where none is stored yet."""
+    held = stored_digest(conn, entry, table)
+    if held is None:
+        held = pointer_digest_of(conn.execute(
+            "SELECT key, head FROM main._dagsync_mark_pointers WHERE source = ? AND tbl = ?", (entry, table)
+        ))  # fmt: skip
+    count, total = held
+    for key, head, old, replaced in list(conn.execute(
+        f"SELECT c.key, c.head, p.head, p.key IS NOT NULL FROM ({changed}) c LEFT JOIN main._dagsync_mark_pointers p "
+        "ON p.source = ?1 AND p.tbl = ?2 AND p.key = c.key",
+        (entry, table),
+    )):  # fmt: skip
+        if replaced:
+            total -= row_hash(key, old)
+        else:
+            count += 1
+        total += row_hash(key, head)
+    conn.execute(
+        "INSERT OR REPLACE INTO main._dagsync_mark_digests (source, tbl, rows, digest) VALUES (?, ?, ?, ?)",
+        (entry, table, count, (total % (1 << 64)) - (1 << 63)),
+    )
+
+
+def pointer_digest(conn: apsw.Connection, schema: str, table: str, key: str, pointer: str, bound: int | None = None) -> tuple[int, int]:
+    """(rows, digest) of a pointer table's (key, pointer) pairs: the digest is a
+    sum of 64-bit hashes, so a row's part can be taken out and put back."""
+    within = f"WHERE rowid <= {int(bound)}" if bound is not None else ""
+    return pointer_digest_of(conn.execute(f'SELECT "{key}", "{pointer}" FROM {schema}."{table}" {within}'))
+
+
+def pointer_digest_of(rows: Iterable[tuple[object, object]]) -> tuple[int, int]:
+    """(rows, digest) of (key, pointer) pairs, as ``pointer_digest``."""
+    count = total = 0
+    for k, head in rows:
+        count += 1
+        total += row_hash(k, head)
+    return count, total % (1 << 64)
+
+
+def row_hash(key: object, head: object) -> int:
+    return int.from_bytes(hashlib.blake2b(repr((key, head)).encode(), digest_size=8).digest(), "big")
