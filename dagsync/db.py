@@ -46,6 +46,10 @@ __all__ = [
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 CACHE_KIB = 65536
+# A thin source (the rows beyond a target's marks: a delta, a bundle) writes a
+# few pages of each index; half the cache holds them as well, and keeps a
+# nightly push's memory small (benchmarks/incremental.py).
+THIN_CACHE_KIB = 32768
 
 
 @dataclass

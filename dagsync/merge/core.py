@@ -25,7 +25,7 @@ from typing import Any
 
 from dagsync import packed
 from dagsync.merge import marks
-from dagsync.db import Database
+from dagsync.db import CACHE_KIB, THIN_CACHE_KIB, Database
 from dagsync.errors import MergeConflict
 from dagsync.formats import Format, Key, Table
 from dagsync.merge.report import Counts, ForkReport, SourceReport, TableReport
@@ -116,6 +116,7 @@ class SourceMerge:
 
     def attach(self) -> None:
         uri = "file:" + urllib.parse.quote(str(self.file.resolve())) + "?mode=ro"
+        self.conn.execute(f"PRAGMA main.cache_size = -{THIN_CACHE_KIB if self.thin else CACHE_KIB}")
         self.conn.execute("ATTACH DATABASE ? AS src", (uri,))
         self.attached = True
         self.source_tables = {
