@@ -324,7 +324,7 @@ def test_a_bundle_leaving_out_a_pointer_its_source_moved_in_place_is_refused_who
         merge(server, [laptop])
         if digests != "kept":
             with contextlib.closing(sqlite3.connect(server)) as conn, conn:
-                conn.execute("DELETE FROM _dagsync_mark_digests")
+                conn.execute("DROP TABLE _dagsync_mark_digests")  # as a target merged by dagsync before it
         with contextlib.closing(sqlite3.connect(laptop)) as conn, conn:
             conn.execute(
                 "UPDATE conversations SET head_message_id = (SELECT parent_id FROM messages WHERE id = head_message_id) "

@@ -272,6 +272,8 @@ def save(
 def stored_digest(conn: apsw.Connection, entry: int, table: str) -> tuple[int, int] | None:
     """(rows, digest) of the pointer rows the target keeps of entry's ``table``
     (``pointer_digest``), or None where marks from before it was kept are."""
+    if not bookkeeping.has(conn, "_dagsync_mark_digests"):
+        return None
     for rows, digest in conn.execute(
         "SELECT rows, digest FROM main._dagsync_mark_digests WHERE source = ? AND tbl = ?", (entry, table)
     ):
