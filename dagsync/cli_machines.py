@@ -259,7 +259,8 @@ def _read_text(path: Path) -> str:
 @_reported
 def receive_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     """The other end of push: DB's marks (one JSON line) on standard output, then a
-    bundle on standard input, merged into DB, and its report; nothing if none comes."""
+    bundle on standard input, merged into DB, and its report, then (with --json)
+    DB's marks now, a line each; nothing if no bundle comes."""
     target = database(db)
     sys.stdout.write(json.dumps(marks_of(target)) + "\n")
     sys.stdout.flush()
@@ -268,7 +269,11 @@ def receive_command(db: DbArgument = None, as_json: JsonOption = False) -> None:
     with scratch_beside(target, "dagsync-push") as landing:
         read_wire(sys.stdin.buffer, landing)
         report = merge(target, [landing])
-    typer.echo(json.dumps(dataclasses.asdict(report))) if as_json else typer.echo(render.merge(report))
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report)))
+        typer.echo(json.dumps(marks_of(target)))
+    else:
+        typer.echo(render.merge(report))
 
 
 @command("send", hidden=True)

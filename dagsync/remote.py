@@ -5,7 +5,10 @@ stream: a bundle (``dagsync.bundle``), compressed.
 * ``push SOURCE HOST:PATH``: one ssh session runs ``dagsync receive PATH``
   there, which first says the marks its target keeps (one JSON line); the
   bundle of what lies beyond them is made here and streams back on the same
-  session, is merged there, and the report comes back.
+  session, is merged there, and the report comes back, with the marks the
+  target keeps now. Those are remembered here (``MarksCache``): the next
+  push makes its bundle against them while ssh connects, and uses it if
+  the marks the far side then says are the same.
 * ``pull HOST:PATH TARGET``: one ssh session takes this target's marks on its
   input (``dagsync send PATH``) and streams back the bundle, merged here.
 
@@ -29,6 +32,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from dagsync.errors import DagsyncError
 from dagsync.merge import merge
 from dagsync.writer import Progress
 
-__all__ = ["Remote", "RemoteSyncReport", "Transport", "TransferReport", "parse", "pull", "push", "read_wire", "sync", "write_wire"]
+__all__ = ["MarksCache", "Remote", "RemoteSyncReport", "Transport", "TransferReport", "parse", "pull", "push", "read_wire", "sync", "write_wire"]
 
 MAGIC = b"DAGSYNC-BUNDLE 1"
 CHUNK = 1 << 20
@@ -225,6 +229,57 @@ def scratch_beside(target: Path, prefix: str) -> Iterator[Path]:
 # -- push and pull -------------------------------------------------------------------------
 
 
+class MarksCache:
+    """The marks each far target said it keeps of a source after the last push,
+    one small file each (0600) under ``$XDG_CACHE_HOME/dagsync/marks``. Only a
+    guess to start the next bundle with: a stale or missing one costs the time
+    the guess would have saved, never a wrong bundle (push compares it with
+    what the far side says first). Unwritable: nothing is remembered."""
+
+    def __init__(self, remote: Remote, source: Path) -> None:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dagsync" / "marks"
+        name = hashlib.sha256(f"{remote}\0{source.resolve()}".encode()).hexdigest()[:32]
+        self.path = base / f"{name}.json"
+
+    def read(self) -> dict | None:
+        try:
+            found = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def write(self, held: dict) -> None:
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path.with_suffix(".tmp"), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(held, f)
+            os.replace(self.path.with_suffix(".tmp"), self.path)
+
+
+class _Guess:
+    """A bundle made on a thread against marks guessed from the last push, while
+    ssh connects and the far side reads its own."""
+
+    def __init__(self, source: Path, held: dict, out: Path, label: str | None) -> None:
+        self.held, self.out = held, out
+        self.made: bundle.BundleReport | None = None
+        self.thread = threading.Thread(target=self._make, args=(source, label), daemon=True)
+        self.thread.start()
+
+    def _make(self, source: Path, label: str | None) -> None:
+        with contextlib.suppress(Exception):  # a failed guess is made again, and fails there if it must
+            self.made = bundle.make(source, self.held, self.out, label=label)
+
+    def take(self, held: dict) -> bundle.BundleReport | None:
+        """The bundle, if it was made against ``held``; else None (and its file is gone)."""
+        self.thread.join()
+        if self.made is not None and self.held == held:
+            return self.made
+        self.out.unlink(missing_ok=True)
+        return None
+
+
 @dataclass(frozen=True)
 class TransferReport:
     """What a push or a pull sent and what the receiving side merged."""
@@ -241,6 +296,9 @@ class TransferReport:
     all_pointers: bool  # sent again with every pointer row (the target refused the first)
     merged: dict[str, Any] | None  # the receiving merge's report
     seconds: float
+    # push: the bundle was made while ssh connected, against the marks the far
+    # side kept after the last push (MarksCache), which it still keeps
+    guessed: bool = False
 
     @property
     def written(self) -> int:
@@ -263,52 +321,78 @@ def push(
     them goes there and is merged, and its report comes back. ``progress``
     hears each step (the far side's merge only as a whole)."""
     started = time.perf_counter()
-    say = progress or _silent
+    cache = MarksCache(remote, Path(source))
     with tempfile.TemporaryDirectory(prefix="dagsync-push-") as d:
         for all_pointers in (False, True):
-            say(f"asking {remote.host} for marks", 0, 0)
-            proc = subprocess.Popen(
-                transport.command(remote, "receive", "--json", remote.path),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
-            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            guessed = None if all_pointers else cache.read()
+            guess = _Guess(Path(source), guessed, Path(d) / "guess.db", label) if guessed is not None else None
             try:
-                held = json.loads(proc.stdout.readline() or b"null")
-            except ValueError:
-                held = None
-            if not isinstance(held, dict):
-                proc.stdin.close()
-                proc.wait()
-                raise transport.failure(remote, proc.returncode or 1, proc.stderr.read())
-            out = Path(d) / f"bundle-{int(all_pointers)}.db"
-            say("making the bundle", 0, 0)
-            try:
-                made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            sent = 0
-            try:
-                if dry_run:
-                    with open(os.devnull, "wb") as nowhere:
-                        sent = write_wire(out, nowhere)
-                else:
-                    sent = write_wire(out, proc.stdin, progress)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            if not dry_run:
-                say(f"merging on {remote.host}", 0, 0)
-            stdout, stderr = proc.stdout.read(), proc.stderr.read()  # a report and an error line at most
-            proc.wait()
-            if proc.returncode == 0:
-                merged = json.loads(stdout) if stdout.strip() else None
-                return _report("push", source, remote, dry_run, made, sent, all_pointers, merged, started)
-            failure = transport.failure(remote, proc.returncode, stderr)
+                status, stdout, stderr, made, sent = _push_once(
+                    source, remote, transport, Path(d), guess, all_pointers, dry_run, label, progress
+                )
+            finally:
+                if guess is not None:
+                    guess.thread.join()
+            if status == 0:
+                lines = stdout.splitlines()
+                merged = json.loads(lines[0]) if lines else None
+                if len(lines) > 1:
+                    cache.write(json.loads(lines[1]))  # the marks there now: the next push's guess
+                guessed = guess is not None and made is guess.made
+                return _report("push", source, remote, dry_run, made, sent, all_pointers, merged, started, guessed)
+            failure = transport.failure(remote, status, stderr)
             if LEFT_OUT not in str(failure) or all_pointers:
                 raise failure
     raise AssertionError("unreachable")
+
+
+def _push_once(
+    source: str | os.PathLike[str], remote: Remote, transport: Transport, scratch: Path, guess: _Guess | None,
+    all_pointers: bool, dry_run: bool, label: str | None, progress: Progress | None,
+) -> tuple[int, bytes, bytes, bundle.BundleReport, int]:  # fmt: skip
+    """One session of a push: the far side's marks, the bundle made against them
+    (or the guess, if it was), sent; the far side's exit status, output and errors,
+    the bundle, and the bytes sent."""
+    say = progress or _silent
+    say(f"asking {remote.host} for marks", 0, 0)
+    proc = subprocess.Popen(
+        transport.command(remote, "receive", "--json", remote.path),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        held = json.loads(proc.stdout.readline() or b"null")
+    except ValueError:
+        held = None
+    if not isinstance(held, dict):
+        proc.stdin.close()
+        proc.wait()
+        raise transport.failure(remote, proc.returncode or 1, proc.stderr.read())
+    say("making the bundle", 0, 0)
+    try:
+        made = guess.take(held) if guess is not None else None
+        out = guess.out if made is not None and guess is not None else scratch / f"bundle-{int(all_pointers)}.db"
+        if made is None:
+            made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    sent = 0
+    try:
+        if dry_run:
+            with open(os.devnull, "wb") as nowhere:
+                sent = write_wire(out, nowhere)
+        else:
+            sent = write_wire(out, proc.stdin, progress)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    if not dry_run:
+        say(f"merging on {remote.host}", 0, 0)
+    stdout, stderr = proc.stdout.read(), proc.stderr.read()  # a report and an error line at most
+    out.unlink(missing_ok=True)
+    return proc.wait(), stdout, stderr, made, sent
 
 
 def pull(
@@ -384,11 +468,11 @@ def _made(path: Path, size: int) -> bundle.BundleReport:
 
 def _report(
     direction: str, source: object, target: object, dry_run: bool, made: bundle.BundleReport, sent: int,
-    all_pointers: bool, merged: dict | None, started: float,
+    all_pointers: bool, merged: dict | None, started: float, guessed: bool = False,
 ) -> TransferReport:  # fmt: skip
     return TransferReport(
         direction, str(source), str(target), dry_run, made.rows, made.bytes, sent, made.against, made.why_whole,
-        all_pointers, merged, round(time.perf_counter() - started, 3),
+        all_pointers, merged, round(time.perf_counter() - started, 3), guessed,
     )  # fmt: skip
 
 

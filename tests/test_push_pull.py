@@ -438,3 +438,34 @@ def test_any_llm_history_of_pushes_and_pulls_ends_as_full_merges_do(server, hist
                 shutil.copyfile(files[step[2]], files[step[1]])
         for path in files:
             assert verify(path).problems == ()
+
+
+def test_a_push_makes_its_bundle_against_the_marks_the_last_one_left_while_ssh_connects(server, transport, tmp_path, monkeypatch):
+    from dagsync.remote import MarksCache
+
+    with machines() as (files, clock):
+        laptop, desk, _ = files
+        hub = tmp_path / "hub.db"
+        first = push(laptop, far(server, hub), transport)
+        assert not first.guessed  # nothing remembered yet
+        cache = MarksCache(far(server, hub), laptop)
+        assert stat.S_IMODE(cache.path.stat().st_mode) == 0o600
+        assert cache.read()["sources"][0]["path"].endswith(str(laptop.resolve()))
+        prompt(laptop, clock, 0, "guessed")
+        second = push(laptop, far(server, hub), transport)
+        assert second.guessed and second.rows["calls"] == 1
+        # The far side changed since (another source pushed there): the guess is not used.
+        push(desk, far(server, hub), transport)
+        prompt(laptop, clock, 0, "stale")
+        shutil.copyfile(hub, tmp_path / "reference.db")
+        third = push(laptop, far(server, hub), transport)
+        assert not third.guessed and third.rows["calls"] == 1
+        merge(tmp_path / "reference.db", [laptop], full=True, target_label="hub")
+        assert rows(hub) == rows(tmp_path / "reference.db")
+        # A cache that cannot be read or written costs nothing but the guess.
+        cache.path.write_text("not json")
+        prompt(laptop, clock, 1, "garbled")
+        assert not push(laptop, far(server, hub), transport).guessed
+        monkeypatch.setenv("XDG_CACHE_HOME", str(hub))  # a file, not a folder
+        prompt(laptop, clock, 1, "unwritable")
+        assert push(laptop, far(server, hub), transport).rows["calls"] == 1
