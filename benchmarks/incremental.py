@@ -14,12 +14,18 @@ another, each in its own child process:
 
 * **floor**: the raw-SQLite copy of ``merge.py`` (machine 2 into a copy of machine 1);
 * **(a) re-merge, nothing new**: the merged target, the same source again;
-* **(b) merge of the 1%**: the merged target, the grown source (from its marks);
+* **(b) merge of the 1%**: the merged target, the grown source (from its
+  marks); beside it, its own floor: raw SQLite inserting just the new rows
+  into the merged target (what any merge of them must at least write);
 * **(c) push of the 1%** over loopback ssh to a real sshd (``tests/sshd.py``),
-  end to end: marks fetched, bundle made, sent, merged there. Bytes on the
-  wire against the least any transfer must send (a SQLite file of just the
-  new rows, VACUUMed, zstd level 3), and what ``rsync -az`` sends to bring a
-  copy of the old source up to date (what people do today);
+  end to end: marks fetched, bundle made, sent, merged there. As a nightly
+  push runs (this machine remembers the marks the last push left there, and
+  makes the bundle while ssh connects), and after that memory was lost
+  (cold). Beside it, what any push pays before it sends a byte: ``ssh HOST
+  true``, and ``ssh HOST dagsync --version``. Bytes on the wire against the
+  least any transfer must send (a SQLite file of just the new rows,
+  VACUUMed, zstd level 3), and what ``rsync -az`` sends to bring a copy of
+  the old source up to date (what people do today);
 * peak RSS of each (the receiving dagsync's too, for the push).
 
 Ratios are taken within a round; medians over rounds are reported. Nothing
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -64,7 +71,7 @@ def child_push(source: str, host: str, target: str, rsh: str, remote_dagsync: st
     return {
         "seconds": time.perf_counter() - started, "peak_rss_mb": M.peak_rss_mb(), "sent_bytes": report.sent_bytes,
         "bundle_bytes": report.bundle_bytes, "rows": sum(report.rows.values()), "written": report.written,
-        "against": report.against,
+        "against": report.against, "guessed": report.guessed,
     }  # fmt: skip
 
 
@@ -224,22 +231,30 @@ def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
     out["least_bytes"] = least_bytes(p["merged"], source, fmt, work)
     M.fresh_copy(p["merged"], target)
     out["raw_1pct"] = M.run_script_child(__file__, ["raw", str(target), str(source), fmt], "raw copy of the new rows")
-    # (c) the 1% pushed, to a copy of the merged target reached over ssh
-    M.fresh_copy(p["merged"], target)
+    # (c) the 1% pushed, to a copy of the merged target reached over ssh: as a
+    # nightly push does (this machine remembers the marks the last push left
+    # there: remote.MarksCache), and after the cache was lost (cold)
+    from dagsync.bundle import marks_of
+    from dagsync.remote import MarksCache, Remote
+
     rss_file = work / "remote-rss"
-    rss_file.unlink(missing_ok=True)
     remote = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} --remote-child {shlex.quote(str(rss_file))}"
-    out["push_1pct"] = M.run_script_child(
-        __file__, ["push", str(source), server.host, str(target), server.rsh, remote], "push"
-    )
-    out["push_1pct"]["remote_peak_rss_mb"] = float(rss_file.read_text()) if rss_file.exists() else None
+    for kind in ("push_1pct_cold", "push_1pct"):
+        M.fresh_copy(p["merged"], target)
+        cache = MarksCache(Remote(server.host, str(target)), source)
+        cache.path.unlink(missing_ok=True)
+        if kind == "push_1pct":
+            cache.write(marks_of(target))  # what the last push left there
+        rss_file.unlink(missing_ok=True)
+        out[kind] = M.run_script_child(__file__, ["push", str(source), server.host, str(target), server.rsh, remote], "push")
+        out[kind]["remote_peak_rss_mb"] = float(rss_file.read_text()) if rss_file.exists() else None
     # What any push pays before it sends a byte: one ssh session, and dagsync starting there.
     out["ssh_alone"] = timed([*shlex.split(server.rsh), server.host, "true"])
     out["ssh_dagsync_version"] = timed([*shlex.split(server.rsh), server.host, f"{server.remote_dagsync} --version"])
     out["rsync_bytes"] = rsync_bytes(p["before"], p["grown"], server.host, server.rsh, work) if first else None
     target.unlink(missing_ok=True)
     floor = out["floor"]["seconds"]
-    out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct")}
+    out["ratios"] = {k: out[k]["seconds"] / floor for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct", "push_1pct_cold")}
     out["wire_vs_least"] = out["push_1pct"]["sent_bytes"] / out["least_bytes"]
     return out
 
@@ -259,9 +274,12 @@ def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict
         "remerge_seconds": round(med(lambda r: r["remerge"]["seconds"]), 3),
         "merge_1pct_seconds": round(med(lambda r: r["merge_1pct"]["seconds"]), 3),
         "push_1pct_seconds": round(med(lambda r: r["push_1pct"]["seconds"]), 3),
+        "push_1pct_cold_seconds": round(med(lambda r: r["push_1pct_cold"]["seconds"]), 3),
+        "push_guessed": all(r["push_1pct"]["guessed"] for r in rounds),
         "raw_1pct_seconds": round(med(lambda r: r["raw_1pct"]["seconds"]), 3),
         "ratios": {
-            k: round(med(lambda r, k=k: r["ratios"][k]), 4) for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct")
+            k: round(med(lambda r, k=k: r["ratios"][k]), 4)
+            for k in ("remerge", "merge_1pct", "raw_1pct", "push_1pct", "push_1pct_cold")
         },
         "ssh_alone_seconds": round(med(lambda r: r["ssh_alone"]), 3),
         "ssh_dagsync_version_seconds": round(med(lambda r: r["ssh_dagsync_version"]), 3),
@@ -273,8 +291,8 @@ def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict
         "peak_rss_mb": {
             "remerge": max(r["remerge"]["peak_rss_mb"] for r in rounds),
             "merge_1pct": max(r["merge_1pct"]["peak_rss_mb"] for r in rounds),
-            "push_local": max(r["push_1pct"]["peak_rss_mb"] for r in rounds),
-            "push_remote": max((r["push_1pct"]["remote_peak_rss_mb"] or 0) for r in rounds),
+            "push_local": max(r[k]["peak_rss_mb"] for r in rounds for k in ("push_1pct", "push_1pct_cold")),
+            "push_remote": max((r[k]["remote_peak_rss_mb"] or 0) for r in rounds for k in ("push_1pct", "push_1pct_cold")),
         },
         "rounds": [{k: v for k, v in r.items()} for r in rounds],
     }  # fmt: skip
@@ -290,6 +308,8 @@ def show(s: dict) -> None:
     print(f"  (b) merge of the 1%       {s['merge_1pct_seconds']:8.3f} s = {r['merge_1pct']:.4f}x floor   goal <= {GOALS['merge_1pct']}x  {ok(r['merge_1pct'] <= GOALS['merge_1pct'])}")
     print(f"      raw SQLite copying just the new rows: {s['raw_1pct_seconds']:.3f} s = {r['raw_1pct']:.4f}x floor; (b) is {s['merge_vs_raw_1pct']:.2f}x it")
     print(f"  (c) push of the 1%        {s['push_1pct_seconds']:8.3f} s = {r['push_1pct']:.4f}x floor   goal <= {GOALS['push_1pct']}x  {ok(r['push_1pct'] <= GOALS['push_1pct'])}")
+    print(f"      the same after the marks cache was lost {s['push_1pct_cold_seconds']:.3f} s = {r['push_1pct_cold']:.4f}x floor"
+          f"{'' if s['push_guessed'] else '   (the warm push did NOT use its guess)'}")
     print(f"      of which any push pays: ssh HOST true {s['ssh_alone_seconds']:.3f} s; ssh HOST dagsync --version {s['ssh_dagsync_version_seconds']:.3f} s")
     print(f"      on the wire {s['sent_bytes']:,} bytes; least {s['least_bytes']:,}: {s['wire_vs_least']:.2f}x   goal <= {GOALS['wire_vs_least']}x  {ok(s['wire_vs_least'] <= GOALS['wire_vs_least'])}")
     print(f"      rsync -az of the grown file onto the old one: {s['rsync_bytes']:,} bytes" if s["rsync_bytes"] else "      rsync: not installed")
@@ -311,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         args.scales, args.repeat = "2000", 1
     from tests import sshd
 
+    # The marks push remembers (remote.MarksCache) go to a folder of this run's, not ~/.cache.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dagsync-bench-cache-")
     results = []
     with tempfile.TemporaryDirectory(prefix="dagsync-bench-sshd-") as d:
         server = sshd.start(Path(d))
