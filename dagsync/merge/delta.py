@@ -106,6 +106,10 @@ def _create(fmt: Format, out: Path) -> None:
             new.execute("DELETE FROM _llm_migrations")
             # The dag sentinel comes from the source with its other first rows, if at all.
             new.execute("DELETE FROM messages")
+            # No full-text indexing of what is copied in: a source's index is never
+            # read (merge.derived), and it was half the cost of writing responses.
+            for (name,) in list(new.execute("SELECT name FROM sqlite_schema WHERE type = 'trigger'")):
+                new.execute(f'DROP TRIGGER "{name}"')
     finally:
         new.close()
 
