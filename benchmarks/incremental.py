@@ -89,7 +89,8 @@ def remote_child(rss_file: str, argv: list[str]) -> None:
 
 
 def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
-    """A new file of the format holding only the source's rows beyond the target's marks, VACUUMed, zstd -3."""
+    """A new file of the format holding only the source's rows beyond the target's marks (without
+    the full-text index, which is derived), VACUUMed, zstd -3."""
     import apsw
     import zstandard
 
@@ -102,6 +103,9 @@ def least_bytes(target: Path, source: Path, fmt_name: str, work: Path) -> int:
     out.unlink(missing_ok=True)
     open_target(out, create=fmt).close()
     conn = apsw.Connection(str(out))
+    # No full-text index: derived, and rebuilt by the receiving side's own triggers (merge.derived).
+    for (name,) in list(conn.execute("SELECT name FROM sqlite_schema WHERE type = 'trigger'")):
+        conn.execute(f'DROP TRIGGER "{name}"')
     conn.execute("ATTACH DATABASE ? AS t", (str(target),))
     conn.execute("ATTACH DATABASE ? AS s", (str(source),))
     marks = marks_in(conn, "t", source)
