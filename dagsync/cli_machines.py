@@ -131,7 +131,9 @@ def push_command(
     of SOURCE; the rows beyond them (a bundle) stream there compressed, and
     dagsync there merges them, with every guarantee of merge. dagsync must be
     installed on both machines. A cut connection leaves the database there as
-    it was; push again. For cron:
+    it was; push again. On a terminal it shows each step. The marks the other
+    side keeps afterwards are remembered here (~/.cache/dagsync), so the next
+    push makes its bundle while ssh connects. For cron:
 
         0 * * * *  dagsync push --quiet server:.config/io.datasette.llm
     """
