@@ -122,6 +122,33 @@ class TestMerge:
 
         return [r.path for r in family(tmp_path / "fam", seed=41, machines=2, conversations=30)]
 
+    def test_with_a_terminal_on_stderr_the_json_on_stdout_is_the_report_alone(self, tmp_path, pair):
+        """The progress bar draws on stderr (a terminal), never on stdout (a pipe to jq)."""
+        import os
+        import pty
+
+        main, secondary = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dagsync", "merge", str(tmp_path / "m.db"), *map(str, pair), "--json"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary,
+        )  # fmt: skip
+        os.close(secondary)
+        drawn = b""
+        while True:
+            try:
+                block = os.read(main, 1 << 16)
+            except OSError:  # the other end closed
+                break
+            if not block:
+                break
+            drawn += block
+        os.close(main)
+        out = proc.stdout.read().decode()
+        assert proc.wait() == 0
+        assert json.loads(out)["target"] == str(tmp_path / "m.db")
+        assert out == out.strip() + "\n"  # nothing of the bar's
+        assert b"\x1b[" in drawn  # the bar drew, on stderr
+
     def test_text_report_then_nothing_new(self, tmp_path, pair):
         target = tmp_path / "m.db"
         result = run("merge", str(target), *map(str, pair))
