@@ -251,10 +251,11 @@ class MarksCache:
     def write(self, held: dict) -> None:
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path.with_suffix(".tmp"), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+            scratch = self.path.with_suffix(f".{os.getpid()}.tmp")  # two pushes at once each write their own
+            fd = os.open(scratch, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
             with os.fdopen(fd, "w") as f:
                 json.dump(held, f)
-            os.replace(self.path.with_suffix(".tmp"), self.path)
+            os.replace(scratch, self.path)
 
 
 class _Guess:
