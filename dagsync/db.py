@@ -288,7 +288,8 @@ def check_tables(conn: apsw.Connection, path: Path, fmt: Format) -> None:
                 f"{path}: '{table.name}.id' is not an INTEGER PRIMARY KEY as llm makes it; "
                 "dagsync refused the file without reading it"
             )
-        missing = [c for c in fmt.columns[table.name] if c not in _columns(conn, table.name)]
+        present = set(_columns(conn, table.name))
+        missing = [c for c in fmt.columns[table.name] if c not in present]
         if missing:
             raise UnsupportedDatabase(
                 f"{path}: table '{table.name}' lacks column(s) {', '.join(missing)} "
