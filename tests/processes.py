@@ -116,3 +116,27 @@ def kill_at(script: str, args: list[str], event: int, mode: str, stderr: IO[str]
     process.wait()
     process.stdout.close()
     return alive, process.returncode
+
+
+def with_terminal_stderr(argv: list[str]) -> tuple[int, bytes, bytes]:
+    """Run ``argv`` with standard error on a terminal (a pty) and standard output
+    on a pipe, as a person runs ``dagsync ... --json | jq``: its exit status,
+    what it wrote to stdout, and what it drew on the terminal."""
+    import pty
+
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary)
+    os.close(secondary)
+    drawn = b""
+    while True:
+        try:
+            block = os.read(main, 1 << 16)
+        except OSError:  # the other end closed
+            break
+        if not block:
+            break
+        drawn += block
+    os.close(main)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    return proc.wait(), out, drawn

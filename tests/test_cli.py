@@ -15,6 +15,7 @@ from dagsync import __version__
 from dagsync.cli import app
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore
+from tests.processes import with_terminal_stderr
 
 runner = CliRunner()
 
@@ -124,27 +125,11 @@ class TestMerge:
 
     def test_with_a_terminal_on_stderr_the_json_on_stdout_is_the_report_alone(self, tmp_path, pair):
         """The progress bar draws on stderr (a terminal), never on stdout (a pipe to jq)."""
-        import os
-        import pty
-
-        main, secondary = pty.openpty()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dagsync", "merge", str(tmp_path / "m.db"), *map(str, pair), "--json"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary,
-        )  # fmt: skip
-        os.close(secondary)
-        drawn = b""
-        while True:
-            try:
-                block = os.read(main, 1 << 16)
-            except OSError:  # the other end closed
-                break
-            if not block:
-                break
-            drawn += block
-        os.close(main)
-        out = proc.stdout.read().decode()
-        assert proc.wait() == 0
+        status, stdout, drawn = with_terminal_stderr(
+            [sys.executable, "-m", "dagsync", "merge", str(tmp_path / "m.db"), *map(str, pair), "--json"]
+        )
+        out = stdout.decode()
+        assert status == 0
         assert json.loads(out)["target"] == str(tmp_path / "m.db")
         assert out == out.strip() + "\n"  # nothing of the bar's
         assert b"\x1b[" in drawn  # the bar drew, on stderr

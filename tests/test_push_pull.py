@@ -34,6 +34,7 @@ from dagsync.verify import verify
 from fixtures.llm_format import grow_llm
 from tests import sshd
 from tests.llm_history import llm_machines, logs_rm
+from tests.processes import with_terminal_stderr
 from tests.test_fork_histories import machines, prompt
 from tests.test_incremental import forget, rows
 
@@ -154,8 +155,6 @@ def test_push_and_pull_tell_progress_each_step_in_order(server, transport, tmp_p
 
 
 def test_on_a_terminal_push_shows_progress_and_piped_it_is_silent(server, tmp_path):
-    import pty
-
     with machines() as (files, clock):
         laptop = files[0]
         hub = tmp_path / "hub.db"
@@ -164,20 +163,8 @@ def test_on_a_terminal_push_shows_progress_and_piped_it_is_silent(server, tmp_pa
         piped = subprocess.run(argv, capture_output=True, text=True)
         assert (piped.returncode, piped.stdout, piped.stderr) == (0, "", "")
         prompt(laptop, clock, 0, "more")
-        main, secondary = pty.openpty()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary)
-        os.close(secondary)
-        shown = b""
-        while True:
-            try:
-                block = os.read(main, 1 << 16)
-            except OSError:  # the other end closed
-                break
-            if not block:
-                break
-            shown += block
-        assert proc.wait() == 0 and proc.stdout.read() == b""
-        os.close(main)
+        status, out, shown = with_terminal_stderr(argv)
+        assert (status, out) == (0, b"")
         text = shown.decode(errors="replace")
         assert "Traceback" not in text
         assert "\x1b[" in text  # the bar drew (and was cleared: --quiet prints nothing after it)
@@ -357,37 +344,49 @@ transfers = st.lists(
 )
 
 
+def run_history(server, files: list[Path], history: list[tuple], write, rm) -> None:
+    """Run a law's steps: ``write`` a machine's own step (a prompt, llm-like
+    writes), ``rm`` a deletion then gc; every push or pull ends as a full
+    merge of the same source into the same target leaves it; every file
+    passes verify at the end."""
+    transport = Transport(server.rsh, server.remote_dagsync)
+    for step in history:
+        if step[0] in ("push", "pull"):
+            _, source, target = step
+            full = files[target].with_name("full.db")
+            shutil.copyfile(files[target], full)
+            if step[0] == "push":
+                push(files[source], far(server, files[target]), transport)
+            else:
+                pull(far(server, files[source]), files[target], transport)
+            merge(full, [files[source]], full=True, target_label=source_label(files[target]))
+            assert rows(files[target]) == rows(full), step
+            full.unlink()
+        elif step[0] == "rm":
+            rm(files[step[1]], step[2])
+        elif step[0] == "vacuum":
+            with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
+                conn.execute("VACUUM")
+        elif step[0] == "replace":
+            shutil.copyfile(files[step[2]], files[step[1]])
+        else:
+            write(step)
+    for path in files:
+        assert verify(path).problems == ()
+
+
 @settings(max_examples=int(os.environ.get("DAGSYNC_PUSH_EXAMPLES", 6)), deadline=None)
 @given(history=transfers, seed=st.integers(0, 2**32))
 @example(history=[("push", 0, 1), ("prompt", 0, 0, 1), ("push", 0, 1), ("rm", 1, 0), ("pull", 2, 1),
                   ("prompt", 1, 1, 2), ("vacuum", 1), ("pull", 2, 1), ("replace", 0, 2), ("push", 0, 1)], seed=3)  # fmt: skip
 def test_any_history_of_pushes_and_pulls_ends_as_full_merges_do(server, history, seed):
-    transport = Transport(server.rsh, server.remote_dagsync)
     with machines(seed) as (files, clock):
-        for step in history:
-            if step[0] in ("push", "pull"):
-                _, source, target = step
-                full = files[target].with_name("full.db")
-                shutil.copyfile(files[target], full)
-                if step[0] == "push":
-                    push(files[source], far(server, files[target]), transport)
-                else:
-                    pull(far(server, files[source]), files[target], transport)
-                merge(full, [files[source]], full=True, target_label=source_label(files[target]))
-                assert rows(files[target]) == rows(full), step
-                full.unlink()
-            elif step[0] == "prompt":
-                _, machine, row, words = step
-                prompt(files[machine], clock, row, f"w{words}")
-            elif step[0] == "rm":
-                forget(files[step[1]], step[2])
-            elif step[0] == "vacuum":
-                with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
-                    conn.execute("VACUUM")
-            else:
-                shutil.copyfile(files[step[2]], files[step[1]])
-        for path in files:
-            assert verify(path).problems == ()
+
+        def write(step: tuple) -> None:
+            _, machine, row, words = step
+            prompt(files[machine], clock, row, f"w{words}")
+
+        run_history(server, files, history, write, forget)
 
 
 llm_transfers = st.lists(
@@ -410,34 +409,16 @@ llm_transfers = st.lists(
                   ("grow", 1, 1, 0, 0), ("vacuum", 1), ("pull", 2, 1), ("replace", 0, 2), ("push", 0, 1)], seed=3)  # fmt: skip
 def test_any_llm_history_of_pushes_and_pulls_ends_as_full_merges_do(server, history, seed):
     pytest.importorskip("llm")
-    transport = Transport(server.rsh, server.remote_dagsync)
     days = itertools.count(400)
     with llm_machines(seed) as files:
-        for step in history:
-            if step[0] in ("push", "pull"):
-                _, source, target = step
-                full = files[target].with_name("full.db")
-                shutil.copyfile(files[target], full)
-                if step[0] == "push":
-                    push(files[source], far(server, files[target]), transport)
-                else:
-                    pull(far(server, files[source]), files[target], transport)
-                merge(full, [files[source]], full=True, target_label=source_label(files[target]))
-                assert rows(files[target]) == rows(full), step
-                full.unlink()
-            elif step[0] == "grow":
-                _, machine, continued, new, forks = step
-                day = next(days)
-                grow_llm(files[machine], seed=seed, stream=day, continued=continued, new=new, forks=forks, day=day)
-            elif step[0] == "rm":
-                logs_rm(files[step[1]], step[2])
-            elif step[0] == "vacuum":
-                with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
-                    conn.execute("VACUUM")
-            else:
-                shutil.copyfile(files[step[2]], files[step[1]])
-        for path in files:
-            assert verify(path).problems == ()
+
+        def write(step: tuple) -> None:
+            _, machine, continued, new, forks = step
+            day = next(days)
+            grow_llm(files[machine], seed=seed, stream=day, continued=continued, new=new, forks=forks, day=day)
+
+        run_history(server, files, history, write, logs_rm)
+
 
 
 def test_a_push_makes_its_bundle_against_the_marks_the_last_one_left_while_ssh_connects(server, transport, tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """The commands between machines and files: sync, push, pull, marks, bundle,
 and the far ends of push and pull (receive, send), which ssh runs.
 
-Part of the command line (``cli``), whose app, options and helpers they use;
-``cli`` imports this module where these commands belong in ``--help``.
+Part of the command line (the ``cli`` package), whose app, options and
+helpers they use; ``cli`` imports this module where these commands belong
+in ``--help``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dagsync.cli import (
 )  # fmt: skip
 from dagsync.errors import DagsyncError
 from dagsync.merge import merge
-from dagsync.remote import Remote, Transport, parse, pull, push, read_wire, scratch_beside, write_wire
+from dagsync.remote import Remote, Transport, parse, pull, push
+from dagsync.wire import read_wire, scratch_beside, write_wire
 from dagsync.remote import sync as sync_remote
 from dagsync.sync import sync
 

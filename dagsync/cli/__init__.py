@@ -1,6 +1,6 @@
 """The dagsync command line: parse, call one library function, render its report.
 
-With ``cli_machines`` (sync, push, pull, marks, bundle), the only module
+With ``cli.machines`` (sync, push, pull, marks, bundle), the only package
 that imports typer (and click, lazily, for the llm plugin). Every command
 takes ``--json`` and prints its report as JSON; errors the user can act on
 (``DagsyncError``) print one line ``Error: ...`` to stderr and exit 1; usage
@@ -318,7 +318,7 @@ def merge_command(
 
 # Between machines and files: sync, push, pull, marks, bundle (registered
 # here, so that --help lists them in this order).
-from dagsync import cli_machines  # noqa: E402, F401
+from dagsync.cli import machines  # noqa: E402, F401
 
 
 @command("canonicalise", short_help="Collapse duplicate dag-format messages into one.")
