@@ -307,3 +307,199 @@ def test_sync_of_two_files_that_disagree_under_one_key_writes_neither(files, tmp
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
     assert f"hold different content under the same key, so nothing was merged: message {key} has role" in result.stderr
     assert (a.read_bytes(), b.read_bytes()) == before
+
+
+# -- the same message with other parts on the two sides: a conflict ------------------------
+#
+# A message the target holds is not copied, so its proof (above) never reads
+# it; merge.shared compares what both files hold under its key instead.
+
+
+def extra_part(fmt: str, path: Path) -> str:
+    """A part more than the message's key stands for, after its last one."""
+    (key,) = one(path, LATE_TEXT[fmt])
+    table, owner, column = PARTS[fmt]
+    if fmt == "dag":
+        edit(path, f"INSERT INTO {table} (id, {owner}, \"order\", part_type, {column}) SELECT 'extra-part', ?, "
+             f"max(\"order\") + 1, 'text', 'added' FROM {table} WHERE {owner} = ?", (key, key))  # fmt: skip
+    else:
+        edit(path, f"INSERT INTO {table} ({owner}, position, type, {column}) SELECT ?, max(position) + 1, 'text', "
+             f"'added' FROM {table} WHERE {owner} = ?", (key, key))  # fmt: skip
+    return key
+
+
+def other_metadata(fmt: str, path: Path) -> str:
+    (key,) = one(path, LATE_TEXT[fmt])
+    column, metadata = ("id", "provider_metadata_json") if fmt == "dag" else ("hash", "provider_metadata")
+    edit(path, f"UPDATE messages SET {metadata} = '{{\"tampered\": true}}' WHERE {column} = ?", (key,))
+    return key
+
+
+SHARED = {
+    "changed-part": (changed_part, "parts"), "nulled-part": (nulled_part, "parts"),
+    "lost-part": (lost_part, "parts"), "extra-part": (extra_part, "parts"),
+    "other-metadata": (other_metadata, None),
+}  # fmt: skip
+
+
+def conflict(source: Path, target: Path, *descriptions: str) -> str:
+    return (
+        f"Error: {source} and {target} hold different content under the same key, so nothing was merged: "
+        + "; ".join(descriptions) + "\n"
+    )  # fmt: skip
+
+
+def other(key: str, what: str) -> str:
+    return f"message {key} has other {what} in the target than in the source, under the same hash"
+
+
+@pytest.mark.parametrize("case", list(SHARED))
+@pytest.mark.parametrize("damaged", ["source", "target"])
+def test_the_same_message_with_other_parts_is_a_conflict(files, tmp_path, case, damaged):
+    fmt, clean, _ = files
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean, source)
+    shutil.copyfile(clean, target)  # the same history: every message is in both
+    tamper, what = SHARED[case]
+    key = tamper(fmt, source if damaged == "source" else target)
+    what = what or ("provider_metadata_json" if fmt == "dag" else "provider_metadata")
+    before = {p: p.read_bytes() for p in (source, target)}
+    for args in (["merge", str(target), str(source)], ["merge", str(target), str(source), "--dry-run"]):
+        result = runner.invoke(app, args)
+        assert (result.exit_code, result.stderr) == (1, conflict(source, target, other(key, what)))
+    assert {p: p.read_bytes() for p in (source, target)} == before
+
+
+def test_a_second_source_that_disagrees_with_the_first_is_refused(files, tmp_path):
+    fmt, clean, unrelated = files
+    a, b, target = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "target.db"
+    for path in (a, b):
+        shutil.copyfile(clean, path)
+    shutil.copyfile(unrelated, target)
+    key = changed_part(fmt, b)
+    before = b.read_bytes()
+    # b is merged after a: the target holds a's copy of the message by then, so
+    # b's is not copied, and not proven by its key - but compared.
+    result = runner.invoke(app, ["merge", str(target), str(a), str(b)])
+    assert (result.exit_code, result.stderr) == (1, conflict(b, target, other(key, "parts")))
+    # a was merged (sources go in order, each whole or not at all); nothing of b.
+    assert b.read_bytes() == before
+    table, owner, column = PARTS[fmt]
+    assert one(target, f"SELECT count(*) FROM {table} WHERE {owner} = '{key}' AND {column} LIKE '%(tampered)'") == (0,)
+
+
+def test_an_incremental_merge_compares_what_it_brings(tmp_path):
+    """Read from its marks, a source is read only beyond them: a message it
+    gained since, which the target has too but with other parts, is still found."""
+    one_, two = family(tmp_path / "machines", seed=21, machines=2, conversations=20)
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(one_.path, source)
+    shutil.copyfile(one_.path, target)
+    assert runner.invoke(app, ["merge", str(target), str(source)]).exit_code == 0  # marks recorded
+    for path in (source, target):
+        assert runner.invoke(app, ["merge", str(path), str(two.path)]).exit_code == 0
+    key = changed_part("dag", target)  # one of the second machine's, in both files now
+    dry = runner.invoke(app, ["merge", str(target), str(source), "--dry-run", "--json"])
+    assert dry.exit_code == 1 and other(key, "parts") in dry.stderr
+    shutil.copyfile(two.path, tmp_path / "clean-two.db")
+    untampered = tmp_path / "untampered.db"
+    shutil.copyfile(one_.path, untampered)
+    assert runner.invoke(app, ["merge", str(untampered), str(source)]).exit_code == 0
+    assert runner.invoke(app, ["merge", str(untampered), str(two.path)]).exit_code == 0
+    import json
+
+    report = json.loads(runner.invoke(app, ["merge", str(untampered), str(source), "--dry-run", "--json"]).stdout)
+    assert report["sources"][0]["incremental"] is True  # the same merge, untampered, reads the delta alone
+    before = {p: p.read_bytes() for p in (source, target)}
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, conflict(source, target, other(key, "parts")))
+    assert {p: p.read_bytes() for p in (source, target)} == before
+
+
+def renamed(path: Path, key: str, new: str) -> None:
+    """The dag message ``key`` under the id ``new``: every reference to it follows."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE messages SET id = ? WHERE id = ?", (new, key))
+        for (table,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall():
+            for row in conn.execute(f'PRAGMA foreign_key_list("{table}")').fetchall():
+                if row[2] == "messages":
+                    conn.execute(f'UPDATE "{table}" SET "{row[3]}" = ? WHERE "{row[3]}" = ?', (new, key))
+    conn.close()
+
+
+def test_a_message_found_under_another_id_with_other_parts_is_a_conflict(tmp_path):
+    """dag: the target's row with a source message's identity (parent, content
+    hash) is taken for it, its parts not copied: they must be the same."""
+    (clean,) = family(tmp_path / "one", seed=23, machines=1, conversations=10)
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean.path, source)
+    shutil.copyfile(clean.path, target)
+    # A message no call or conversation names (their rows would differ too): its parts and children follow.
+    (key,) = one(source, (
+        "SELECT m.id FROM messages m JOIN message_parts p ON p.message_id = m.id WHERE p.part_type = 'text' "
+        "AND m.id NOT IN (SELECT head_input_message_id FROM calls WHERE head_input_message_id IS NOT NULL "
+        "UNION SELECT head_output_message_id FROM calls WHERE head_output_message_id IS NOT NULL "
+        "UNION SELECT head_message_id FROM conversations WHERE head_message_id IS NOT NULL) "
+        "ORDER BY m.rowid DESC LIMIT 1"
+    ))  # fmt: skip
+    edit(source, "UPDATE message_parts SET content = content || ' (tampered)' WHERE message_id = ?", (key,))
+    renamed(source, key, "01MAPPEDMESSAGE0000000000")
+    before = {p: p.read_bytes() for p in (source, target)}
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, conflict(source, target, (
+        f"message 01MAPPEDMESSAGE0000000000 (in the target as {key}) has other parts in the target than "
+        "in the source, under the same hash"
+    )))  # fmt: skip
+    assert {p: p.read_bytes() for p in (source, target)} == before
+    shutil.copyfile(clean.path, source)  # untampered, under another id: merged onto the target's row
+    renamed(source, key, "01MAPPEDMESSAGE0000000000")
+    result = runner.invoke(app, ["merge", str(target), str(source), "--json"])
+    assert result.exit_code == 0, result.stderr
+    import json
+
+    (messages,) = [t for t in json.loads(result.stdout)["sources"][0]["tables"] if t["table"] == "messages"]
+    assert (messages["mapped"], messages["added"]) == (1, 0)
+
+
+def test_packed_and_inline_copies_of_one_message_agree(files, tmp_path):
+    """A packed file's parts hold references into its blob store: compared as the
+    sha256 they name, they agree with the same parts inline, and a changed one
+    is still found."""
+    fmt, clean, _ = files
+    source, target = tmp_path / "source.db", tmp_path / "target.db"
+    shutil.copyfile(clean, source)
+    shutil.copyfile(clean, target)
+    assert runner.invoke(app, ["pack", str(target), "--threshold", "73"]).exit_code == 0
+    result = runner.invoke(app, ["merge", str(target), str(source), "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    key = changed_part(fmt, source)
+    table, owner, column = PARTS[fmt]
+    assert one(target, f"SELECT typeof({column}) FROM {table} WHERE {owner} = '{key}'") == ("blob",)  # a reference
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, conflict(source, target, other(key, "parts")))
+    shutil.copyfile(clean, source)
+    assert runner.invoke(app, ["pack", str(source), "--threshold", "73"]).exit_code == 0
+    key = changed_part(fmt, target)  # target is packed: its tampered part is inline now
+    result = runner.invoke(app, ["merge", str(target), str(source)])
+    assert (result.exit_code, result.stderr) == (1, conflict(source, target, other(key, "parts")))
+
+
+def test_fragment_ids_that_differ_between_files_are_no_conflict(tmp_path):
+    """llm: a part's payload names fragments by integer id, which means nothing
+    outside its file; merged histories number them differently, and agree."""
+    pytest.importorskip("llm")
+    one_, two = family_llm(tmp_path / "machines", seed=25, machines=2, conversations=40)
+    target = tmp_path / "target.db"
+    shutil.copyfile(one_.path, target)
+    assert runner.invoke(app, ["merge", str(target), str(two.path)]).exit_code == 0
+    differ = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+    differ.execute("ATTACH DATABASE ? AS two", (f"file:{two.path}?mode=ro",))
+    (renumbered,) = differ.execute(
+        "SELECT count(*) FROM two.parts s JOIN main.parts t ON t.message_hash = s.message_hash AND t.position = s.position "
+        "WHERE s.payload LIKE '%text_ref%' AND t.payload IS NOT s.payload"
+    ).fetchone()
+    differ.close()
+    assert renumbered > 0  # the case at hand: one payload, two spellings
+    result = runner.invoke(app, ["merge", str(target), str(two.path), "--full"])
+    assert result.exit_code == 0, result.stderr

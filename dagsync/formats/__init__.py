@@ -183,6 +183,12 @@ class Format:
     branch_time: tuple[str, str, str, str | None] | None = None
     call_conversation: str | None = None
     call_tip: str | None = None
+    # What a message's key is a hash of, compared where both files hold the
+    # message (merge.shared): columns of its row, and of each of its parts,
+    # a part matched by its message and ``part_order``.
+    message_content: tuple[str, ...] = ()
+    part_content: tuple[str, ...] = ()
+    part_order: str = "order"
 
     @cached_property
     def schema_sql(self) -> str:

@@ -50,6 +50,9 @@ DAG = Format(
     branch_time=("messages", "id", "created_at", None),
     call_conversation="conversation_id",
     call_tip="head_output_message_id",
+    # The spec's content hash: role, provider metadata and each part's columns.
+    message_content=("role", "provider_metadata_json"),
+    part_content=("part_type", "content", "content_json", "tool_call_id", "server_executed"),
     packed=(PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json")),
     # The spec keys an attachment by the sha256 of its content (one that is
     # only a URL or a path cannot be proven from the file) and says nothing

@@ -75,6 +75,10 @@ LLM = Format(
     branch_time=("turns", "tip_message_hash", "datetime_utc", "thread_id"),
     call_conversation="thread_id",
     call_tip="tip_message_hash",
+    # llm.Message: role, provider_metadata, and (type, text, payload) of each part.
+    message_content=("role", "provider_metadata"),
+    part_content=("type", "text", "payload"),
+    part_order="position",
     # llm writes a part_fragments / part_attachments row for each of these
     # too; gc counts both, in case a file has one without the other.
     payload_refs=(

@@ -50,7 +50,7 @@ from dagsync import blobs, bookkeeping, faults, packed, transactions
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnsupportedDatabase
 from dagsync.formats import Key, Table
-from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs
+from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs, shared
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 from dagsync.merge.references import check_dangling
 from dagsync.merge.report import MergeReport, SourceReport, TableReport
@@ -310,18 +310,19 @@ def _attempt(
     run: SourceMerge, checks: SourceChecks, decision: marks.Decision, after: dict[str, tuple[int, str | None]] | None
 ) -> SourceReport:
     """Check, plan every table in reference order, apply in the same order, report."""
-    message_proofs = role_conflicts = None
+    message_proofs = shared_content = None
     try:
         run.attach()
         _check_migrations(run)
+        # Messages both files hold, compared in a thread while the plan runs.
+        shared_content = shared.SharedContent.start(run)
         order = [*run.order, *derived.tables(run)]
         for step, table in enumerate(order):
             run.progress(f"planning {table.name}", step, len(order))
             kind = _kind(table)
             kind.plan(run, table)
-            if kind is messages and table.key is Key.HASH_MESSAGE and run.db.path.stat().st_size:
-                role_conflicts = proofs.RoleConflicts(run)
             if kind is messages:
+                shared.compare_mapped(run)
                 # Re-hashed in a thread while the rest is planned (and copied).
                 message_proofs = proofs.MessageProofs.start(run, table.key)
             if kind is not derived:
@@ -332,8 +333,8 @@ def _attempt(
         # Every source's pages checked before anything is written, and every
         # row to be copied proven by its key.
         checks.wait()
-        if role_conflicts is not None:
-            for conflict in role_conflicts.wait():
+        if shared_content is not None:
+            for conflict in shared_content.wait():
                 run.conflict(conflict)
         proofs.prove(run)  # may find conflicts too
         run.raise_conflicts()
@@ -362,8 +363,8 @@ def _attempt(
     except BaseException:
         if message_proofs is not None:
             message_proofs.stop()
-        if role_conflicts is not None:
-            role_conflicts.stop()
+        if shared_content is not None:
+            shared_content.stop()
         checks.wait()  # a damaged page explains any error better
         raise
     # Report what was done, which is what the plan said unless a live writer got there first.

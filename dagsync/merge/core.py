@@ -203,7 +203,8 @@ class SourceMerge:
     # -- what was found ------------------------------------------------------------
 
     def conflict(self, description: str) -> None:
-        self.conflicts.append(description)
+        if description not in self.conflicts:  # a role, say, is found by the plan and by merge.shared
+            self.conflicts.append(description)
 
     def raise_conflicts(self) -> None:
         """:raises MergeConflict: listing the first conflicts found, if any."""

@@ -115,7 +115,7 @@ def _settle_unchanged(run: SourceMerge, table: Table) -> None:
         unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash AND t.role IS s.role"
     else:
         # The hash covers the parent: the same hash is the same message. (Its
-        # role is compared in a thread, proofs.RoleConflicts: reading it here
+        # role is compared in a thread, shared.SharedContent: reading it here
         # would cost a row read per message on every re-merge.)
         unchanged = "1"
     # In key order, so the lookups walk the target's key index in order too.

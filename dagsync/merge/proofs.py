@@ -37,7 +37,6 @@ from dagsync.transactions import BUSY_TIMEOUT_MS
 from dagsync.errors import DagsyncError, DamagedSource
 from dagsync.formats import Key, KeyProof
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
-from dagsync.merge.messages import role_conflict
 from dagsync.merge.references import is_new
 from dagsync.packed import (
     PREFIX,
@@ -57,7 +56,7 @@ from dagsync.rehash import (
     register_key_recipes,
 )
 
-__all__ = ["MessageProofs", "RoleConflicts", "prove"]
+__all__ = ["MessageProofs", "prove"]
 
 
 class MessageProofs:
@@ -177,51 +176,6 @@ class MessageProofs:
         self._stop.set()
         self._thread.join()
         shutil.rmtree(self._scratch, ignore_errors=True)
-
-
-class RoleConflicts:
-    """llm messages that both files hold under one key but with another role,
-    looked for in a thread on its own read-only connections to both files,
-    while the plan runs (the plan itself matches llm messages by key alone:
-    reading each target row's role there would cost every re-merge a row read
-    per message). ``wait`` gives what it found, worded as conflicts."""
-
-    def __init__(self, run: SourceMerge) -> None:
-        self.source, self.target = run.file, run.db.path  # the file copied from: a delta's rows alone
-        self.found: list[str] = []
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="role conflicts", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            conn = apsw.Connection(str(self.source), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
-            try:
-                harden(conn)
-                conn.setbusytimeout(BUSY_TIMEOUT_MS)
-                uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-                conn.execute("ATTACH DATABASE ? AS tgt", (uri,))
-                for key, theirs, ours in conn.execute(
-                    "SELECT s.hash, t.role, s.role FROM main.messages s JOIN tgt.messages t ON t.hash = s.hash "
-                    "WHERE t.role IS NOT s.role LIMIT ?",
-                    (MAX_CONFLICTS_SHOWN * 10,),
-                ):
-                    self.found.append(role_conflict(key, theirs, ours))
-            finally:
-                conn.close()
-        except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the merge thread
-            self.failure = exc
-
-    def stop(self) -> None:
-        """Let the thread finish (the merge failed for another reason)."""
-        self._thread.join()
-
-    def wait(self) -> list[str]:
-        """:raises apsw.Error: the files could not be read (the plan's own reads say more)."""
-        self._thread.join()
-        if self.failure is not None:
-            raise self.failure
-        return self.found
 
 
 def prove(run: SourceMerge) -> None:
