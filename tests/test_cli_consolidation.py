@@ -103,3 +103,31 @@ def test_bad_marks_are_one_line(tmp_path):
             1, f"Error: {tmp_path / 'marks.json'} is not the JSON `dagsync marks --json` prints"
         )  # fmt: skip
         assert not (tmp_path / "b.db").exists()
+
+
+def test_a_damaged_bundle_is_refused_whole(tmp_path):
+    """A bundle arrives from another machine: every message it brings is proven
+    by its key, as a merge's are, and one that fails stops it before a write."""
+    import sqlite3
+
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        merge(server, [laptop])
+        (tmp_path / "marks.json").write_text(run("marks", "--json", str(server)).stdout)
+        prompt(laptop, clock, 0, "carried on a stick")
+        out = tmp_path / "b.db"
+        assert run("bundle", str(laptop), str(out), "--marks", str(tmp_path / "marks.json")).returncode == 0
+        with sqlite3.connect(out) as conn:
+            (key,) = conn.execute("SELECT message_id FROM message_parts WHERE content = 'carried on a stick'").fetchone()
+            conn.execute("UPDATE message_parts SET content = 'carried on a stack' WHERE message_id = ?", (key,))
+        conn.close()
+        before = server.read_bytes()
+        done = run("merge", str(server), str(out))
+        assert done.returncode == 1
+        assert done.stderr.startswith(f"Error: {out}: message {key} does not match its key: its parts hash to ")
+        assert done.stderr.endswith(
+            f"; it was not copied, and nothing was merged - run `dagsync verify {out}` to see every damaged row, "
+            "and restore the source from a backup\n"
+        )
+        assert done.stderr.count("\n") == 1
+        assert server.read_bytes() == before
