@@ -207,13 +207,15 @@ def _value_differs(fmt: Format, table: str, column: str, s: str, t: str) -> str:
     packed = next((p for p in fmt.packed if (p.table, p.column) == (table, column)), None)
     if packed is not None:
         expr += f" AND dagsync_value_key({a}, '{packed.holds}') IS NOT dagsync_value_key({b}, '{packed.holds}')"
-    for i, ref in enumerate(_json_refs(fmt, table, column)):
-        expr += f" AND dagsync_refs_src_{i}({a}) IS NOT dagsync_refs_main_{i}({b})"
+    for i, (ref_table, ref) in enumerate(_json_refs(fmt)):
+        if (ref_table, ref.column) == (table, column):
+            expr += f" AND dagsync_refs_src_{i}({a}) IS NOT dagsync_refs_main_{i}({b})"
     return f"({expr})"
 
 
-def _json_refs(fmt: Format, table: str, column: str) -> list[JsonRef]:
-    return [r for r in fmt.table(table).json_refs if r.column == column]
+def _json_refs(fmt: Format) -> list[tuple[str, JsonRef]]:
+    """Every JSON column of the format with ids of another table, and its table, numbered as the SQL functions are."""
+    return [(t.name, r) for t in fmt.tables for r in t.json_refs]
 
 
 def value_key(value: Any, holds: str) -> Any:
@@ -229,13 +231,12 @@ def register_functions(conn: apsw.Connection, fmt: Format) -> None:
     of another table, ``dagsync_refs_{src,main}_N(value)``: the JSON with each
     id replaced by that row's key in that file (a packed value resolved first)."""
     conn.create_scalar_function("dagsync_value_key", value_key, 2, deterministic=True)
-    for table in fmt.tables:
-        for i, ref in enumerate(table.json_refs):
-            holds = next((p.holds for p in fmt.packed if (p.table, p.column) == (table.name, ref.column)), None)
-            for schema in ("src", "main"):
-                conn.create_scalar_function(
-                    f"dagsync_refs_{schema}_{i}", _keyed_refs(conn, fmt, ref, schema, holds), 1, deterministic=False
-                )
+    for i, (table, ref) in enumerate(_json_refs(fmt)):
+        holds = next((p.holds for p in fmt.packed if (p.table, p.column) == (table, ref.column)), None)
+        for schema in ("src", "main"):
+            conn.create_scalar_function(
+                f"dagsync_refs_{schema}_{i}", _keyed_refs(conn, fmt, ref, schema, holds), 1, deterministic=False
+            )
 
 
 def _keyed_refs(conn: apsw.Connection, fmt: Format, ref: JsonRef, schema: str, holds: str | None) -> Callable[[Any], Any]:
