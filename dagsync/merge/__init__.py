@@ -26,7 +26,8 @@ The key kinds: ``messages`` (dag and hash messages), ``owned`` (rows copied
 with their message), ``integer`` (surrogate ids, natural keys, ids in JSON),
 ``keyed`` (text keys and composite link rows), ``pointers`` (heads and tips:
 fast-forward, keep or fork), ``derived`` (full-text indexes); ``proofs``
-proves what is about to be copied. Re-running
+proves what is about to be copied, ``shared`` compares the messages both
+files hold. Re-running
 recomputes the plan from the files alone: rows already copied are found by
 key, so a second merge writes nothing.
 """
