@@ -11,11 +11,15 @@ through the file).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dagsync.cli import app
@@ -504,3 +508,67 @@ def test_fragment_ids_that_differ_between_files_are_no_conflict(tmp_path):
     assert renumbered > 0  # the case at hand: one payload, two spellings
     result = runner.invoke(app, ["merge", str(target), str(two.path), "--full"])
     assert result.exit_code == 0, result.stderr
+
+
+# The law: one key, one content. Whatever of a message the key stands for is
+# changed on either side, the merge names that message and writes nothing.
+KEY = {"dag": ("id", "provider_metadata_json"), "llm": ("hash", "provider_metadata")}
+ORDER = {"dag": '"order"', "llm": "position"}
+
+
+def tampered(fmt: str, path: Path, key: str, how: str) -> str:
+    """Change ``how`` what message ``key`` of ``path`` holds; what a merge must say of it."""
+    table, owner, column = PARTS[fmt]
+    key_column, metadata = KEY[fmt]
+    first = f"(SELECT min({ORDER[fmt]}) FROM {table} WHERE {owner} = :k)"
+    if how == "role":
+        (theirs,) = one(path, f"SELECT role FROM messages WHERE {key_column} = '{key}'")
+        other_role_ = "user" if theirs != "user" else "assistant"
+        edit(path, f"UPDATE messages SET role = :r WHERE {key_column} = :k", {"r": other_role_, "k": key})
+        return f"role {other_role_!r}"
+    if how == "metadata":
+        edit(path, f"UPDATE messages SET {metadata} = '{{\"tampered\": 1}}' WHERE {key_column} = :k", {"k": key})
+        return f"other {metadata}"
+    if how == "changed":
+        edit(path, f"UPDATE {table} SET {column} = coalesce({column}, '') || 'x' WHERE {owner} = :k AND {ORDER[fmt]} = {first}", {"k": key})
+    elif how == "nulled":
+        edit(path, f"UPDATE {table} SET {column} = CASE WHEN {column} IS NULL THEN 'x' END WHERE {owner} = :k AND {ORDER[fmt]} = {first}", {"k": key})
+    elif how == "lost":
+        edit(path, f"DELETE FROM {table} WHERE {owner} = :k AND {ORDER[fmt]} = {first}", {"k": key})
+    else:  # added
+        edit(path, (
+            f"INSERT INTO {table} (id, {owner}, \"order\", part_type, {column}) SELECT 'extra-part', :k, max(\"order\") + 1, 'text', 'added' "
+            f"FROM {table} WHERE {owner} = :k" if fmt == "dag" else
+            f"INSERT INTO {table} ({owner}, position, type, {column}) SELECT :k, max(position) + 1, 'text', 'added' FROM {table} WHERE {owner} = :k"
+        ), {"k": key})  # fmt: skip
+    return "other parts"
+
+
+@settings(
+    max_examples=int(os.environ.get("DAGSYNC_EXAMPLES", 12)), deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+@given(data=st.data())
+def test_law_one_key_one_content(files, data):
+    fmt, clean, _ = files
+    table, owner, _ = PARTS[fmt]
+    keys = [k for (k,) in sqlite3.connect(f"file:{clean}?mode=ro", uri=True).execute(f"SELECT DISTINCT {owner} FROM {table} ORDER BY 1")]
+    key = data.draw(st.sampled_from(keys), label="message")
+    how = data.draw(st.sampled_from(["role", "metadata", "changed", "nulled", "lost", "added"]), label="how")
+    side = data.draw(st.sampled_from(["source", "target"]), label="side")
+    with tempfile.TemporaryDirectory() as d:
+        source, target = Path(d) / "source.db", Path(d) / "target.db"
+        shutil.copyfile(clean, source)
+        shutil.copyfile(clean, target)
+        (key_column, _) = KEY[fmt]
+        said = tampered(fmt, source if side == "source" else target, key, how)
+        if how == "role":
+            (ours,) = one(source, f"SELECT role FROM messages WHERE {key_column} = '{key}'")
+            (theirs,) = one(target, f"SELECT role FROM messages WHERE {key_column} = '{key}'")
+            description = f"message {key} has role {theirs!r} in the target but {ours!r} in the source, under the same hash"
+        else:
+            description = f"message {key} has {said} in the target than in the source, under the same hash"
+        before = {p: p.read_bytes() for p in (source, target)}
+        result = runner.invoke(app, ["merge", str(target), str(source)])
+        assert (result.exit_code, result.stderr) == (1, conflict(source, target, description))
+        assert {p: p.read_bytes() for p in (source, target)} == before
