@@ -101,6 +101,9 @@ class Writer:
         self._on_progress = progress or (lambda phase, done, total: None)
         self._pending_progress: tuple[str, int, int] | None = None
         self._pending_commit: list[Callable[[], None]] = []
+        # Called after every commit (an operation that may have to start again
+        # notes there what it has for good).
+        self.after_commit: Callable[[], None] | None = None
 
     def one(self, sql: str, params: Any = ()) -> Any:
         for row in self.conn.execute(sql, params):
@@ -135,6 +138,8 @@ class Writer:
         pending, self._pending_commit = self._pending_commit, []
         for work in pending:
             work()
+        if self.after_commit is not None:
+            self.after_commit()
         if self._pending_progress is not None:
             self.progress(*self._pending_progress)
 

@@ -214,10 +214,10 @@ def merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement: bool):
         return inner(self, table)
 
     monkeypatch.setattr(keyed, "apply", apply_keyed)
-    m.merge(target, [machines[1]], progress=lambda phase, done, total: plans.append(phase) if phase == "planned" else None)
+    report = m.merge(target, [machines[1]], progress=lambda phase, done, total: plans.append(phase) if phase == "planned" else None)
     assert writers, "the merge never wrote in a long transaction"
     outcome = writers[0].communicate(timeout=60)[0].strip()
-    return target, outcome, len(plans)
+    return target, outcome, len(plans), report
 
 
 @pytest.mark.parametrize("mid_statement", [True, False], ids=["mid-statement", "between-statements"])
@@ -227,7 +227,7 @@ def test_a_writer_that_opens_the_target_during_a_long_transaction_gets_in_and_no
     from dagsync.merge import merge
     from tests.history import contains, integrity, logical, union_of
 
-    target, outcome, plans = merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement)
+    target, outcome, plans, _ = merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement)
     assert outcome == "ok"
     # Interrupted mid-statement, the transaction was rolled back and the merge planned again.
     assert plans == (2 if mid_statement else 1)
@@ -236,3 +236,20 @@ def test_a_writer_that_opens_the_target_during_a_long_transaction_gets_in_and_no
     assert "from-the-writer" in {row[0] for row in apsw.Connection(str(target)).execute("SELECT id FROM conversations")}
     # And it is all there: merging again writes nothing.
     assert merge(target, [machines[1]]).sources[0].written == 0
+
+
+def test_what_an_attempt_cut_short_had_committed_is_reported(tmp_path, machines, monkeypatch):
+    """The messages were committed before the writer came; the merge planned
+    again, found them there, and still says it added them (found on a loaded
+    machine: a report of 0 messages added by a merge that added them all)."""
+    import shutil
+
+    from dagsync.merge import merge
+
+    clean = tmp_path / "clean.db"
+    shutil.copyfile(machines[0], clean)
+    expected = {t.table: (t.added, t.mapped, t.existing) for t in merge(clean, [machines[1]]).sources[0].tables}
+    monkeypatch.setattr(dbmod, "LONG_COMMIT_SECONDS", 0.0)  # each step committed as it ends
+    _, outcome, plans, report = merge_with_a_writer(tmp_path, machines, monkeypatch, mid_statement=True)
+    assert (outcome, plans) == ("ok", 2)
+    assert {t.table: (t.added, t.mapped, t.existing) for t in report.sources[0].tables} == expected

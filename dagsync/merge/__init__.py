@@ -35,6 +35,7 @@ key, so a second merge writes nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -54,7 +55,7 @@ from dagsync.formats import Key, Table
 from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs, shared
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 from dagsync.merge.references import check_dangling
-from dagsync.merge.report import MergeReport, SourceReport, TableReport
+from dagsync.merge.report import Counts, MergeReport, SourceReport, TableReport
 from dagsync.writer import OpenedMeanwhile, Progress, Writer
 
 __all__ = ["MergeReport", "SourceReport", "TableReport", "merge"]
@@ -228,9 +229,11 @@ def _merge_source(
 ) -> SourceReport:
     """One source into the target: plan, check, apply; planned again if the apply was cut short."""
     scratch = tempfile.mkdtemp(prefix="dagsync-delta-") if decision.incremental else None
+    # What attempts cut short had committed, which the next one finds already there.
+    carried: dict[str, Counts] = {}
     try:
         for attempt in range(1, ATTEMPTS + 1):
-            report = _try_source(target, source, decision, checks, writer, labels, attempt, scratch)
+            report = _try_source(target, source, decision, checks, writer, labels, attempt, scratch, carried)
             if report is not None:
                 return report
     finally:
@@ -248,6 +251,7 @@ def _try_source(
     labels: tuple[str | None, str | None],
     attempt: int,
     scratch: str | None,
+    carried: dict[str, Counts],
 ) -> SourceReport | None:
     """One attempt at one source; None when it must be planned again."""
     after = None
@@ -270,7 +274,7 @@ def _try_source(
         run = SourceMerge(target, source, writer, *labels)
         run.full_because = decision.why_full
     try:
-        return _attempt(run, checks, decision, after)
+        return _attempt(run, checks, decision, after, carried)
     except OpenedMeanwhile:
         # A process opened the target in the middle of a long transaction,
         # which was rolled back for its sake; what was committed before is
@@ -291,6 +295,10 @@ def _try_source(
             ) from exc
     finally:
         run.detach()
+    for name, done in run.committed.items():
+        into = carried.setdefault(name, Counts())
+        into.added, into.updated = into.added + done.added, into.updated + done.updated
+        into.forked, into.moved = into.forked + done.forked, into.moved + done.moved
     return None
 
 
@@ -308,10 +316,15 @@ def _extract(target: Database, source: Path, decision: marks.Decision, file: Pat
 
 
 def _attempt(
-    run: SourceMerge, checks: SourceChecks, decision: marks.Decision, after: dict[str, tuple[int, str | None]] | None
+    run: SourceMerge,
+    checks: SourceChecks,
+    decision: marks.Decision,
+    after: dict[str, tuple[int, str | None]] | None,
+    carried: dict[str, Counts],
 ) -> SourceReport:
     """Check, plan every table in reference order, apply in the same order, report."""
     message_proofs = shared_content = None
+    run.writer.after_commit = lambda: run.committed.update((n, dataclasses.replace(c)) for n, c in run.written.items())
     try:
         run.attach()
         _check_migrations(run)
@@ -368,10 +381,15 @@ def _attempt(
             shared_content.stop()
         checks.wait()  # a damaged page explains any error better
         raise
-    # Report what was done, which is what the plan said unless a live writer got there first.
+    finally:
+        run.writer.after_commit = None
+    # Report what was done, which is what the plan said unless a live writer got
+    # there first, with what earlier attempts committed (found existing by this one).
     for name, done in run.written.items():
-        counts = run.counts[name]
-        counts.added, counts.updated, counts.forked, counts.moved = done.added, done.updated, done.forked, done.moved
+        counts, before = run.counts[name], carried.get(name, Counts())
+        counts.added, counts.updated = done.added + before.added, done.updated + before.updated
+        counts.forked, counts.moved = done.forked + before.forked, done.moved + before.moved
+        counts.existing = max(0, counts.existing - before.added)
     return run.report()
 
 

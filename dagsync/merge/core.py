@@ -100,6 +100,8 @@ class SourceMerge:
         # What the plan found, then (once applied) what was written.
         self.counts: dict[str, Counts] = {t.name: Counts() for t in self.fmt.merge_order}
         self.written: dict[str, Counts] = {t.name: Counts() for t in self.fmt.merge_order}
+        # ``written`` as it was at the last commit: what an attempt cut short has for good.
+        self.committed: dict[str, Counts] = {}
         self.new_id = UlidFactory()
         self.attached = False
         self.columns = {t.name: self.fmt.columns[t.name] for t in self.fmt.merge_order}
