@@ -127,8 +127,8 @@ def _compare(conn: apsw.Connection, fmt: Format, pairs: str | None = None) -> It
     assert owner is not None
     content = " OR ".join(_value_differs(fmt, "messages", c, "s", "t") for c in fmt.message_content)
     differ = " OR ".join(_value_differs(fmt, parts.name, c, "s", "t") for c in fmt.part_content)
-    if pairs is None:
-        pairs = f"SELECT s.{key} AS src, s.{key} AS dst FROM src.messages s"
+    by_key = pairs is None
+    if by_key:
         changed = (
             f'SELECT s."{owner}", s."{owner}" FROM src."{parts.name}" s LEFT JOIN main."{parts.name}" t '
             f'ON t."{owner}" = s."{owner}" AND t."{order}" IS s."{order}" WHERE CASE WHEN t."{owner}" IS NULL '
@@ -152,10 +152,16 @@ def _compare(conn: apsw.Connection, fmt: Format, pairs: str | None = None) -> It
             f'AND s."{order}" IS t."{order}") LIMIT ?'
         )
     columns = ", ".join(f's."{c}", t."{c}"' for c in fmt.message_content)
-    messages = (
-        f"SELECT p.src, p.dst, {columns} FROM ({pairs}) p JOIN src.messages s ON s.{key} = p.src "
-        f"JOIN main.messages t ON t.{key} = p.dst WHERE {content} LIMIT ?"
-    )
+    if by_key:  # the source's messages in file order, a lookup each in the target
+        messages = (
+            f"SELECT s.{key}, s.{key}, {columns} FROM src.messages s JOIN main.messages t ON t.{key} = s.{key} "
+            f"WHERE {content} LIMIT ?"
+        )
+    else:
+        messages = (
+            f"SELECT p.src, p.dst, {columns} FROM ({pairs}) p JOIN src.messages s ON s.{key} = p.src "
+            f"JOIN main.messages t ON t.{key} = p.dst WHERE {content} LIMIT ?"
+        )
     same = _same_identity(conn, fmt)
     for src, dst, *values in conn.execute(messages, (LOOKED_FOR,)):
         if not same(src, dst):
