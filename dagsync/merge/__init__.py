@@ -297,8 +297,7 @@ def _try_source(
         run.detach()
     for name, done in run.committed.items():
         into = carried.setdefault(name, Counts())
-        into.added, into.updated = into.added + done.added, into.updated + done.updated
-        into.forked, into.moved = into.forked + done.forked, into.moved + done.moved
+        into.written_from(into, done)
     return None
 
 
@@ -387,9 +386,8 @@ def _attempt(
     # there first, with what earlier attempts committed (found existing by this one).
     for name, done in run.written.items():
         counts, before = run.counts[name], carried.get(name, Counts())
-        counts.added, counts.updated = done.added + before.added, done.updated + before.updated
-        counts.forked, counts.moved = done.forked + before.forked, done.moved + before.moved
         counts.existing = max(0, counts.existing - before.added)
+        counts.written_from(done, before)
     return run.report()
 
 

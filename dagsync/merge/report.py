@@ -69,3 +69,8 @@ class Counts:
     updated: int = 0
     forked: int = 0
     moved: int = 0
+
+    def written_from(self, *attempts: Counts) -> None:
+        """Take what was written (added, updated, forked, moved) as the sum of ``attempts``'."""
+        for name in ("added", "updated", "forked", "moved"):
+            setattr(self, name, sum(getattr(a, name) for a in attempts))
