@@ -65,6 +65,60 @@ def test_a_process_that_had_the_file_open_before_may_be_waiting(db):
         holder.wait()
 
 
+def test_an_open_this_process_announces_is_not_another_process(db):
+    assert not others.may_be_waiting(str(db))
+    with others.own_open(str(db)):
+        apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY).close()
+    assert not others.may_be_waiting(str(db))
+    # Another process's open is still heard after ours.
+    subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
+    assert others.may_be_waiting(str(db))
+
+
+def test_an_announced_open_that_fails_takes_no_other_process_for_ours(db):
+    assert not others.may_be_waiting(str(db))
+    with pytest.raises(RuntimeError), others.own_open(str(db)):
+        # Another process opens the file; ours then fails before opening it.
+        subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
+        raise RuntimeError("the open failed")
+    assert others.may_be_waiting(str(db))
+
+
+# A merge of two sources into a copy of a third, in a process of its own (a
+# fresh view of who has opened what); prints whether the target then seems
+# opened by another process, and how many polite pauses the merge took.
+MERGE_TWO = r"""
+import sys, time
+import dagsync.transactions
+from dagsync import others
+from dagsync.merge import merge
+pauses = []
+real = time.sleep
+dagsync.transactions.time.sleep = lambda s: (pauses.append(s), real(s))
+merge(sys.argv[1], sys.argv[2:])
+print(others.may_be_waiting(sys.argv[1]), len(pauses))
+"""
+
+
+def test_a_merge_of_several_sources_is_not_polite_to_its_own_threads(tmp_path):
+    """A merge's helper threads open the target (the comparison of what both
+    files hold; the proofs of a delta, whose rows may refer to the target's):
+    nobody else did, so the second source is copied as unhurried as the first,
+    whole or from its marks."""
+    from fixtures import family
+    from fixtures.generate import grow
+
+    reports = family(tmp_path / "family", seed=3, machines=3, conversations=40, shared_fraction=0.5)
+    target, *sources = (str(r.path) for r in reports)
+    for _ in ("whole", "from the marks"):
+        done = subprocess.run(
+            [sys.executable, "-c", MERGE_TWO, target, *sources], capture_output=True, text=True, check=True
+        )
+        assert done.stdout.split() == ["False", "0"]
+        for source in sources:
+            grow(source, seed=4)
+
+
 def test_a_new_file_under_an_old_name_gets_a_new_look(db, tmp_path):
     subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
     others.may_be_waiting(str(db))

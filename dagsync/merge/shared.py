@@ -36,6 +36,7 @@ from typing import Any
 
 import apsw
 
+from dagsync import others
 from dagsync.db import harden
 from dagsync.formats import Format, JsonRef, Key
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
@@ -83,7 +84,8 @@ class SharedContent:
     def _run(self) -> None:
         try:
             uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+            with others.own_open(str(self.target)):  # not another process's: the merge stays unhurried
+                conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
             try:
                 harden(conn)
                 conn.setbusytimeout(BUSY_TIMEOUT_MS)
