@@ -130,7 +130,7 @@ def test_the_command_line_and_the_llm_plugin_push_and_pull(server, tmp_path):
             assert json.loads(plugin.stdout)["rows"]["calls"] == 1
         else:
             pytest.importorskip("llm")
-            raise AssertionError(plugin.stderr)
+            raise AssertionError(f"exit {plugin.returncode}: {plugin.stderr}")
 
 
 def test_push_and_pull_tell_progress_each_step_in_order(server, transport, tmp_path):
