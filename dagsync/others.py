@@ -96,18 +96,56 @@ def own_open(path: str) -> Iterator[None]:
     """Open ``path`` inside this block, for this process's own use: whoever
     listens for opens of the file (``may_be_waiting``'s watch, an
     ``OpenAlarm``) does not take it for another process's. Only the open
-    belongs inside. Should it fail, an open another process made meanwhile
-    may have been taken for ours, so the listeners count one as another's:
-    the polite answer."""
-    listeners = _listening(_key(path))
-    for listener in listeners:
-        listener.announce()
-    try:
+    belongs inside.
+
+    An announcement must be matched by exactly one open the kernel reports,
+    or a later open by another process would be taken for ours. So it is
+    withdrawn unless the block left this process with a new descriptor of
+    the file: the open failed, or SQLite handed back a descriptor it had
+    kept (a connection closed while another held a lock keeps its
+    descriptor for reuse, and reusing it is no open). A withdrawal with
+    nothing left to withdraw means an open by another process was taken
+    for ours: the listeners count it as another's, the polite answer."""
+    key = _key(path)
+    listeners = _listening(key)
+    if not listeners:
         yield
-    except BaseException:
+        return
+    with _OPENING:  # one announced open at a time, so that a new descriptor is this one's
+        before = _descriptors(key)
+        if before is None:  # this process's descriptors cannot be read: an open is another's
+            yield
+            return
         for listener in listeners:
-            listener.heard()
-        raise
+            listener.announce()
+        opened = False
+        try:
+            yield
+            opened = bool(_descriptors(key, default=set()) - before)
+        finally:
+            if not opened:
+                for listener in listeners:
+                    listener.heard()
+
+
+def _descriptors(key: tuple[int, int] | None, default: set[int] | None = None) -> set[int] | None:
+    """This process's descriptors of the file ``key``, or ``default`` where they cannot be read."""
+    found = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return default
+    for name in names:
+        try:
+            st = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile, or not a file
+        if (st.st_dev, st.st_ino) == key:
+            found.add(int(name))
+    return found
+
+
+_OPENING = threading.Lock()
 
 
 class _OwnOpens:

@@ -57,7 +57,8 @@ def test_an_open_alarm_does_not_ring_for_this_process_own_announced_open(conn):
     assert alarm is not None
     try:
         with others.own_open(conn.filename):
-            apsw.Connection(conn.filename, flags=apsw.SQLITE_OPEN_READONLY).close()
+            mine = apsw.Connection(conn.filename, flags=apsw.SQLITE_OPEN_READONLY)
+        mine.close()
         deadline = time.monotonic() + 30
         while alarm.own.count and time.monotonic() < deadline:  # until the alarm has heard it
             time.sleep(0.01)

@@ -68,11 +68,37 @@ def test_a_process_that_had_the_file_open_before_may_be_waiting(db):
 def test_an_open_this_process_announces_is_not_another_process(db):
     assert not others.may_be_waiting(str(db))
     with others.own_open(str(db)):
-        apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY).close()
+        mine = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    mine.close()
     assert not others.may_be_waiting(str(db))
     # Another process's open is still heard after ours.
     subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
     assert others.may_be_waiting(str(db))
+
+
+def test_an_announced_open_that_reuses_a_kept_descriptor_takes_no_other_process_for_ours(db):
+    """SQLite keeps the descriptor of a connection closed while another of the
+    process holds a lock on the file, and hands it to the next open: no open
+    for the kernel to report, so the announcement must not wait for one."""
+    writer = apsw.Connection(str(db))
+    assert not others.may_be_waiting(str(db))
+    writer.execute("BEGIN")
+    writer.execute("SELECT count(*) FROM t").fetchall()  # a SHARED lock, held
+    with others.own_open(str(db)):
+        first = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    first.execute("SELECT count(*) FROM t").fetchall()
+    first.close()  # while the lock is held: SQLite keeps its descriptor
+    with others.own_open(str(db)):
+        second = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    second.execute("SELECT count(*) FROM t").fetchall()
+    try:
+        assert not others.may_be_waiting(str(db))
+        subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
+        assert others.may_be_waiting(str(db))  # heard, not taken for the second open
+    finally:
+        second.close()
+        writer.execute("COMMIT")
+        writer.close()
 
 
 def test_an_announced_open_that_fails_takes_no_other_process_for_ours(db):
