@@ -26,7 +26,6 @@ from pathlib import Path
 
 import apsw
 
-from dagsync import others
 from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats import Format, Key, normalise_sql
 from dagsync.formats.dag import DAG
@@ -319,8 +318,7 @@ def open_source(path: str | os.PathLike[str], *, quick_check: bool = True) -> Da
     path = Path(path)
     _check_file(path)
     try:
-        with others.own_open(str(path)):
-            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
     except apsw.Error as exc:
         raise NotADatabase(f"{path} cannot be opened: {exc}") from exc
     try:
@@ -363,8 +361,7 @@ class SourceChecks:
     def _run(self, paths: list[Path]) -> None:
         for path in paths:
             try:
-                with others.own_open(str(path)):
-                    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+                conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
             except apsw.Error as exc:
                 self._failure = NotADatabase(f"{path} cannot be opened: {exc}")
                 return
@@ -414,8 +411,7 @@ def _connect_target(path: Path) -> apsw.Connection:
     # URI filenames let a merge ATTACH its sources read-only (``?mode=ro``);
     # the target's own path is passed as a plain path, never a URI.
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI
-    with others.own_open(str(path)):  # this process's own open is nobody waiting for its locks
-        conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
+    conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
     harden(conn)
     patient(conn)
     conn.execute("PRAGMA foreign_keys = OFF")

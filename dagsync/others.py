@@ -15,11 +15,6 @@ And one alarm: ``OpenAlarm`` calls back, from its own thread, the moment
 another process opens the file, so that a long transaction taken while
 nobody else had it open can step aside at once (``db.long_transactions``).
 
-inotify does not say which process opened a file, so dagsync's own opens
-of a file (its connections, the helper threads of a merge) are made inside
-``own_open``: an open announced there is not taken for another process's,
-by the watch or by an alarm.
-
 Both read what the kernel knows (Linux: ``/proc/locks``, ``/proc/<pid>/fd``,
 inotify). Where it cannot be read, the answers are the safe ones: nobody
 holds a lock (so it is simply tried, SQLite still refuses it when held), and
@@ -28,7 +23,6 @@ somebody may be waiting (so the pause is kept).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import select
@@ -36,7 +30,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting", "own_open"]
+__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting"]
 
 # SQLite's unix VFS locks these bytes of the database file with POSIX
 # advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
@@ -91,117 +85,6 @@ def may_be_waiting(path: str) -> bool:
     return _WATCH.may_be_waiting(path)
 
 
-@contextlib.contextmanager
-def own_open(path: str) -> Iterator[None]:
-    """Open ``path`` inside this block, for this process's own use: whoever
-    listens for opens of the file (``may_be_waiting``'s watch, an
-    ``OpenAlarm``) does not take it for another process's. Only the open
-    belongs inside.
-
-    An announcement must be matched by exactly one open the kernel reports,
-    or a later open by another process would be taken for ours. So it is
-    withdrawn unless the block left this process with a new descriptor of
-    the file: the open failed, or SQLite handed back a descriptor it had
-    kept (a connection closed while another held a lock keeps its
-    descriptor for reuse, and reusing it is no open). A withdrawal with
-    nothing left to withdraw means an open by another process was taken
-    for ours: the listeners count it as another's, the polite answer."""
-    key = _key(path)
-    listeners = _listening(key)
-    if not listeners:
-        yield
-        return
-    with _OPENING:  # one announced open at a time, so that a new descriptor is this one's
-        before = _descriptors(key)
-        if before is None:  # this process's descriptors cannot be read: an open is another's
-            yield
-            return
-        for listener in listeners:
-            listener.announce()
-        opened = False
-        try:
-            yield
-            opened = bool(_descriptors(key, default=set()) - before)
-        finally:
-            if not opened:
-                for listener in listeners:
-                    listener.heard()
-
-
-def _descriptors(key: tuple[int, int] | None, default: set[int] | None = None) -> set[int] | None:
-    """This process's descriptors of the file ``key``, or ``default`` where they cannot be read."""
-    found = set()
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return default
-    for name in names:
-        try:
-            st = os.stat(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile, or not a file
-        if (st.st_dev, st.st_ino) == key:
-            found.add(int(name))
-    return found
-
-
-_OPENING = threading.Lock()
-
-
-class _OwnOpens:
-    """The opens of one file this process announced that one listener has not heard yet."""
-
-    def __init__(self, key: tuple[int, int], on_other: Callable[[], None]) -> None:
-        self.key = key
-        self.on_other = on_other  # another process has opened the file
-        self.count = 0
-        self.lock = threading.Lock()
-
-    def announce(self) -> None:
-        with self.lock:
-            self.count += 1
-
-    def heard(self) -> None:
-        """An open was heard, or an announced one failed: an announced open is
-        used up, or, none being left, another process has opened the file."""
-        with self.lock:
-            if self.count:
-                self.count -= 1
-                return
-        self.on_other()
-
-    def listen(self) -> _OwnOpens:
-        """Be told of this process's announced opens of the file, until ``stop``."""
-        with _LISTENERS_LOCK:
-            _LISTENERS.setdefault(self.key, []).append(self)
-        return self
-
-    def stop(self) -> None:
-        with _LISTENERS_LOCK:
-            listeners = _LISTENERS.get(self.key, [])
-            if self in listeners:
-                listeners.remove(self)
-            if not listeners:
-                _LISTENERS.pop(self.key, None)
-
-
-_LISTENERS: dict[tuple[int, int], list[_OwnOpens]] = {}
-_LISTENERS_LOCK = threading.Lock()
-
-
-def _listening(key: tuple[int, int] | None) -> list[_OwnOpens]:
-    with _LISTENERS_LOCK:
-        return list(_LISTENERS.get(key, ())) if key is not None else []
-
-
-def _key(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None  # a file yet to be made: nobody listens for its opens
-    return st.st_dev, st.st_ino
-
-
 # From <sys/inotify.h>.
 _IN_OPEN = 0x20
 _IN_Q_OVERFLOW = 0x4000
@@ -217,7 +100,7 @@ class _OpenWatch:
     def __init__(self) -> None:
         self.fd: int | None = None
         self.unavailable = False
-        self.files: dict[int, _OwnOpens] = {}  # watch descriptor -> the file's (st_dev, st_ino) and our opens
+        self.files: dict[int, tuple[int, int]] = {}  # watch descriptor -> (st_dev, st_ino)
         self.watched: set[tuple[int, int]] = set()
         self.opened: set[tuple[int, int]] = set()  # files another process has had open
 
@@ -244,7 +127,7 @@ class _OpenWatch:
             # Not Linux, or out of inotify instances or watches: always polite.
             self.unavailable = self.fd is None
             return False
-        self.files[wd] = _OwnOpens(key, lambda: self.opened.add(key)).listen()
+        self.files[wd] = key
         self.watched.add(key)
         # Opened before the watch began: only the process table knows.
         if _open_elsewhere(key):
@@ -267,13 +150,12 @@ class _OpenWatch:
                 elif mask & _IN_IGNORED:
                     # The file is gone (or its watch removed): a new file with
                     # its inode number gets a new watch and a new look.
-                    own = self.files.pop(wd, None)
-                    if own is not None:
-                        own.stop()
-                        self.watched.discard(own.key)
-                        self.opened.discard(own.key)
+                    key = self.files.pop(wd, None)
+                    if key is not None:
+                        self.watched.discard(key)
+                        self.opened.discard(key)
                 elif mask & _IN_OPEN and wd in self.files:
-                    self.files[wd].heard()
+                    self.opened.add(self.files[wd])
 
 
 def _events(data: bytes) -> Iterator[tuple[int, int]]:
@@ -306,24 +188,20 @@ def _inotify_watch(fd: int, path: str) -> int:
 class OpenAlarm:
     """Call ``on_open`` once, from a thread of its own, when a process opens ``path``.
 
-    Any process but this one in its ``own_open``: an open is a reason to be
-    polite, and a false alarm costs only speed. ``OpenAlarm.start`` returns None where no
+    Any process, this one included: an open is a reason to be polite, and a
+    false alarm costs only speed. ``OpenAlarm.start`` returns None where no
     alarm can be had (not Linux, no inotify left); then nobody can be told in
     time, and the caller must not take long transactions.
     """
 
-    def __init__(self, fd: int, key: tuple[int, int], on_open: Callable[[], None]) -> None:
+    def __init__(self, fd: int, on_open: Callable[[], None]) -> None:
         self.fd = fd
         self.on_open = on_open
-        self.rung = False
-        self.ringing = threading.Lock()  # the alarm's thread, or a helper whose announced open failed
-        self.own = _OwnOpens(key, self.ring).listen()
         self.stop_read, self.stop_write = os.pipe()
         self.thread = threading.Thread(target=self.wait, name="dagsync-open-alarm", daemon=True)
         try:
             self.thread.start()
         except RuntimeError:
-            self.own.stop()
             os.close(self.stop_read)
             os.close(self.stop_write)
             raise
@@ -338,10 +216,7 @@ class OpenAlarm:
             return None
         try:
             _inotify_watch(fd, path)
-            key = _key(path)
-            if key is None:
-                raise OSError("the file is gone")
-            return cls(fd, key, on_open)
+            return cls(fd, on_open)
         except (OSError, AttributeError, RuntimeError):
             os.close(fd)
             return None
@@ -359,30 +234,18 @@ class OpenAlarm:
             except BlockingIOError:
                 continue
             except OSError:
-                self.ring()  # the watch failed: assume the worst
+                self.on_open()  # the watch failed: assume the worst
                 return
             for _, mask in _events(data):
-                if mask & _IN_Q_OVERFLOW:
-                    self.ring()  # events were lost: assume the worst
-                elif mask & _IN_OPEN:
-                    self.own.heard()  # rings unless the open was this process's own
-                elif mask & _IN_IGNORED:
-                    return  # the file is gone: nobody can open it any more
-                if self.rung:
+                if mask & (_IN_OPEN | _IN_Q_OVERFLOW):
+                    self.on_open()
                     return
-
-    def ring(self) -> None:
-        """Another process has opened the file (or may have): call back, once."""
-        with self.ringing:
-            if self.rung:
-                return
-            self.rung = True
-        self.on_open()
+                if mask & _IN_IGNORED:
+                    return  # the file is gone: nobody can open it any more
 
     def close(self) -> None:
         os.write(self.stop_write, b"x")
         self.thread.join()
-        self.own.stop()
         for fd in (self.fd, self.stop_read, self.stop_write):
             os.close(fd)
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import apsw
 
-from dagsync import others
 from dagsync.db import harden
 from dagsync.transactions import BUSY_TIMEOUT_MS
 from dagsync.errors import DagsyncError, DamagedSource
@@ -108,8 +107,7 @@ class MessageProofs:
                 conn.execute("ATTACH DATABASE ? AS proof", (str(keys),))
                 if self.target is not None:
                     uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-                    with others.own_open(str(self.target)):
-                        conn.execute("ATTACH DATABASE ? AS target", (uri,))
+                    conn.execute("ATTACH DATABASE ? AS target", (uri,))
                 self._prove(conn)
             finally:
                 conn.close()

@@ -36,7 +36,6 @@ from typing import Any
 
 import apsw
 
-from dagsync import others
 from dagsync.db import harden
 from dagsync.formats import Format, JsonRef, Key
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
@@ -84,8 +83,7 @@ class SharedContent:
     def _run(self) -> None:
         try:
             uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-            with others.own_open(str(self.target)):  # not another process's: the merge stays unhurried
-                conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
             try:
                 harden(conn)
                 conn.setbusytimeout(BUSY_TIMEOUT_MS)
