@@ -21,8 +21,9 @@ connections (``SharedContent``), while the plan runs: one pass over the
 source's messages, a lookup each in the target's index, and only the
 messages both hold go on to their parts (benchmarks' 55,000-conversation
 families, ~505k messages a file, warm, alone: dag 1.9 s, llm 4.2 s; three
-passes over every part took 5 s and 11 s). A thin source (a delta, a bundle) holds only what is new, so an incremental
-merge compares what it brings. ``MAPPED`` pairs exist only in the plan's
+passes over every part took 5 s and 11 s). A thin source (a delta, a
+bundle) holds only what is new, so an incremental merge compares what it
+brings. ``MAPPED`` pairs exist only in the plan's
 temp tables, and are compared there (``compare_mapped``), a lookup each.
 """
 
