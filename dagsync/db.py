@@ -26,6 +26,7 @@ from pathlib import Path
 
 import apsw
 
+from dagsync import others
 from dagsync.errors import NotADatabase, UnsupportedDatabase
 from dagsync.formats import Format, Key, normalise_sql
 from dagsync.formats.dag import DAG
@@ -411,7 +412,8 @@ def _connect_target(path: Path) -> apsw.Connection:
     # URI filenames let a merge ATTACH its sources read-only (``?mode=ro``);
     # the target's own path is passed as a plain path, never a URI.
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI
-    conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
+    with others.own_open(str(path)):  # this process's own open: nobody waiting for its locks
+        conn = apsw.Connection(str(path.absolute()) if str(path).startswith("file:") else str(path), flags=flags)
     harden(conn)
     patient(conn)
     conn.execute("PRAGMA foreign_keys = OFF")

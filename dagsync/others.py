@@ -15,6 +15,11 @@ And one alarm: ``OpenAlarm`` calls back, from its own thread, the moment
 another process opens the file, so that a long transaction taken while
 nobody else had it open can step aside at once (``db.long_transactions``).
 
+inotify does not say who opened a file, and a merge's own helper threads
+open its target to read it. They open it inside ``own_open``: an open the
+watch hears while one of ours is under way counts only if the process
+table then shows another process with the file open (``_open_elsewhere``).
+
 Both read what the kernel knows (Linux: ``/proc/locks``, ``/proc/<pid>/fd``,
 inotify). Where it cannot be read, the answers are the safe ones: nobody
 holds a lock (so it is simply tried, SQLite still refuses it when held), and
@@ -23,6 +28,7 @@ somebody may be waiting (so the pause is kept).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -30,7 +36,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting"]
+__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting", "own_open"]
 
 # SQLite's unix VFS locks these bytes of the database file with POSIX
 # advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
@@ -85,6 +91,30 @@ def may_be_waiting(path: str) -> bool:
     return _WATCH.may_be_waiting(path)
 
 
+@contextlib.contextmanager
+def own_open(path: str) -> Iterator[None]:
+    """Open ``path`` inside this block for this process's own use (a merge's
+    helper thread reading its target): ``may_be_waiting`` does not take it
+    for another process's. Only the open belongs inside.
+
+    Not by counting opens: inotify merges identical events that are not yet
+    read, so another process's open and ours can arrive as one, and SQLite
+    may hand a new connection a kept descriptor without any open. Instead,
+    what was heard before the block counts as before; an open heard while
+    the block runs counts if the process table then shows another process
+    with the file open - one that has closed it again is not waiting for
+    our locks. (A process of another user is not seen there, so its open in
+    that moment is missed; its next one is heard.) An ``OpenAlarm`` is not
+    told: a merge's helpers open the target while it plans, outside any long
+    transaction, and for an alarm a false ring costs only speed."""
+    key = _WATCH.own_open_begins(path)
+    try:
+        yield
+    finally:
+        if key is not None:
+            _WATCH.own_open_ends(key)
+
+
 # From <sys/inotify.h>.
 _IN_OPEN = 0x20
 _IN_Q_OVERFLOW = 0x4000
@@ -103,8 +133,40 @@ class _OpenWatch:
         self.files: dict[int, tuple[int, int]] = {}  # watch descriptor -> (st_dev, st_ino)
         self.watched: set[tuple[int, int]] = set()
         self.opened: set[tuple[int, int]] = set()  # files another process has had open
+        # Watched files this process is opening itself (own_open), how many times at once.
+        self.opening: dict[tuple[int, int], int] = {}
+        self.lock = threading.Lock()  # own_open runs in helper threads
 
     def may_be_waiting(self, path: str) -> bool:
+        with self.lock:
+            return self._may_be_waiting(path)
+
+    def own_open_begins(self, path: str) -> tuple[int, int] | None:
+        """What was heard so far is read as it is; the file's key if it is watched."""
+        with self.lock:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            key = (st.st_dev, st.st_ino)
+            if self.fd is None or key not in self.watched:
+                return None  # a watch begun later looks at the process table, which excludes us
+            self.read_events()
+            self.opening[key] = self.opening.get(key, 0) + 1
+            return key
+
+    def own_open_ends(self, key: tuple[int, int]) -> None:
+        """Read what was heard while the open ran, then hear opens as another's again."""
+        with self.lock:
+            try:
+                if self.fd is not None:
+                    self.read_events()
+            finally:
+                self.opening[key] -= 1
+                if not self.opening[key]:
+                    del self.opening[key]
+
+    def _may_be_waiting(self, path: str) -> bool:
         if not path or self.unavailable:
             return True
         try:
@@ -136,6 +198,17 @@ class _OpenWatch:
 
     def read_events(self) -> None:
         assert self.fd is not None
+        heard_while_opening: set[tuple[int, int]] = set()
+        try:
+            self._read_events(heard_while_opening)
+        finally:
+            for key in heard_while_opening - self.opened:
+                # Ours, another's, or both as one event: who has the file open now?
+                if key in self.watched and _open_elsewhere(key):
+                    self.opened.add(key)
+
+    def _read_events(self, heard_while_opening: set[tuple[int, int]]) -> None:
+        assert self.fd is not None
         while True:
             try:
                 data = os.read(self.fd, 65536)
@@ -155,7 +228,11 @@ class _OpenWatch:
                         self.watched.discard(key)
                         self.opened.discard(key)
                 elif mask & _IN_OPEN and wd in self.files:
-                    self.opened.add(self.files[wd])
+                    key = self.files[wd]
+                    if key in self.opening:
+                        heard_while_opening.add(key)
+                    else:
+                        self.opened.add(key)
 
 
 def _events(data: bytes) -> Iterator[tuple[int, int]]:

@@ -65,6 +65,140 @@ def test_a_process_that_had_the_file_open_before_may_be_waiting(db):
         holder.wait()
 
 
+def open_and_close_elsewhere(path: Path) -> None:
+    subprocess.run([sys.executable, "-c", f"open({str(path)!r}, 'rb').close()"], check=True)
+
+
+def test_an_open_of_this_process_own_is_not_another_process(db):
+    assert not others.may_be_waiting(str(db))
+    with others.own_open(str(db)):
+        mine = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        mine.execute("SELECT count(*) FROM t").fetchall()
+        assert not others.may_be_waiting(str(db))
+        # Another process's open after ours is heard as before.
+        open_and_close_elsewhere(db)
+        assert others.may_be_waiting(str(db))
+    finally:
+        mine.close()
+
+
+def test_another_process_open_heard_before_ours_counts_as_before(db):
+    """An open heard before ours is another's, whether or not it has the file
+    open still (a merge planning again after an llm's open must be polite)."""
+    assert not others.may_be_waiting(str(db))
+    open_and_close_elsewhere(db)
+    with others.own_open(str(db)):
+        mine = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    mine.close()
+    assert others.may_be_waiting(str(db))
+
+
+def test_another_process_open_heard_with_ours_counts_while_it_has_the_file_open(db):
+    """inotify merges identical unread events: a holder's open made while
+    ours is under way may arrive as one with ours. The process table then
+    shows the holder."""
+    assert not others.may_be_waiting(str(db))
+    with others.own_open(str(db)):
+        holder = hold(db)
+        mine = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    mine.close()
+    try:
+        assert others.may_be_waiting(str(db))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert others.may_be_waiting(str(db))  # and it stays so
+
+
+def test_another_process_open_heard_with_ours_is_nobody_waiting_once_it_has_closed_the_file(db):
+    """What the process table cannot show: a process that opened the file
+    and closed it again while ours was being opened - it is not waiting for
+    our locks. Its next open is heard."""
+    assert not others.may_be_waiting(str(db))
+    with others.own_open(str(db)):
+        open_and_close_elsewhere(db)
+        mine = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    mine.close()
+    assert not others.may_be_waiting(str(db))
+    open_and_close_elsewhere(db)
+    assert others.may_be_waiting(str(db))
+
+
+def test_an_own_open_that_reuses_a_kept_descriptor_takes_no_other_process_for_ours(db):
+    """SQLite keeps the descriptor of a connection closed while another of
+    the process holds a lock on the file, and hands it to the next open: no
+    open for the kernel to report. Another process's open after it still counts."""
+    writer = apsw.Connection(str(db))
+    assert not others.may_be_waiting(str(db))
+    writer.execute("BEGIN")
+    writer.execute("SELECT count(*) FROM t").fetchall()  # a SHARED lock, held
+    try:
+        with others.own_open(str(db)):
+            first = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+        first.execute("SELECT count(*) FROM t").fetchall()
+        first.close()  # while the lock is held: SQLite keeps its descriptor
+        with others.own_open(str(db)):
+            second = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+        second.execute("SELECT count(*) FROM t").fetchall()
+        holder = hold(db)
+        try:
+            assert others.may_be_waiting(str(db))
+        finally:
+            holder.kill()
+            holder.wait()
+            second.close()
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
+
+
+# A merge of two sources into a copy of a third, in a process of its own (a
+# fresh view of who has opened what); prints whether the target then seems
+# opened by another process, and how many polite pauses the merge took.
+MERGE_TWO = r"""
+import sys, time
+import dagsync.transactions
+from dagsync import others
+from dagsync.merge import merge
+pauses = []
+real = time.sleep
+dagsync.transactions.time.sleep = lambda s: (pauses.append(s), real(s))
+merge(sys.argv[1], sys.argv[2:])
+print(others.may_be_waiting(sys.argv[1]), len(pauses))
+"""
+
+
+def test_a_merge_of_several_sources_is_not_polite_to_its_own_threads(tmp_path):
+    """A merge's helper threads open the target (the comparison of what both
+    files hold; the proofs of a delta, whose rows may refer to the target's):
+    nobody else did, so the second source is copied as unhurried as the
+    first, whole or from its marks. With another process holding the target
+    open, the same merge is polite."""
+    from fixtures import family
+    from fixtures.generate import grow
+
+    reports = family(tmp_path / "family", seed=3, machines=3, conversations=40, shared_fraction=0.5)
+    target, *sources = (str(r.path) for r in reports)
+    for _ in ("whole", "from the marks"):
+        done = subprocess.run(
+            [sys.executable, "-c", MERGE_TWO, target, *sources], capture_output=True, text=True, check=True
+        )
+        assert done.stdout.split() == ["False", "0"]
+        for source in sources:
+            grow(source, seed=4)
+    holder = hold(Path(target))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", MERGE_TWO, target, *sources], capture_output=True, text=True, check=True
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    polite, pauses = done.stdout.split()
+    assert polite == "True" and int(pauses) > 0
+
+
 def test_a_new_file_under_an_old_name_gets_a_new_look(db, tmp_path):
     subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'rb').close()"], check=True)
     others.may_be_waiting(str(db))

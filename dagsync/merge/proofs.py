@@ -32,6 +32,7 @@ from pathlib import Path
 
 import apsw
 
+from dagsync import others
 from dagsync.db import harden
 from dagsync.transactions import BUSY_TIMEOUT_MS
 from dagsync.errors import DagsyncError, DamagedSource
@@ -107,7 +108,8 @@ class MessageProofs:
                 conn.execute("ATTACH DATABASE ? AS proof", (str(keys),))
                 if self.target is not None:
                     uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-                    conn.execute("ATTACH DATABASE ? AS target", (uri,))
+                    with others.own_open(str(self.target)):  # nobody waiting for the merge's locks
+                        conn.execute("ATTACH DATABASE ? AS target", (uri,))
                 self._prove(conn)
             finally:
                 conn.close()

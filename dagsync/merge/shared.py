@@ -37,6 +37,7 @@ from typing import Any
 
 import apsw
 
+from dagsync import others
 from dagsync.db import harden
 from dagsync.formats import Format, JsonRef, Key
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
@@ -84,7 +85,8 @@ class SharedContent:
     def _run(self) -> None:
         try:
             uri = "file:" + urllib.parse.quote(str(Path(self.target).resolve())) + "?mode=ro"
-            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+            with others.own_open(str(self.target)):  # nobody waiting for the merge's locks
+                conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
             try:
                 harden(conn)
                 conn.setbusytimeout(BUSY_TIMEOUT_MS)
