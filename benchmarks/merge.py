@@ -192,11 +192,12 @@ def child_floor(target: str, source: str, cache_mib: int | None, keep_rows: bool
     started = time.perf_counter()
     conn.execute("ATTACH DATABASE ? AS src", (source,))
     present = {name for (name,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
-    inserted = {}
+    inserted, by_table = {}, {}
     conn.execute("BEGIN")
     for table in fmt.merge_order:
         if table.name not in present:
             continue
+        table_started = time.perf_counter()
         if keep_rows and table.key is Key.INTEGER:
             # New ids from SQLite; a row is dropped only by a unique natural key.
             columns = ", ".join(f'"{c}"' for c in fmt.columns[table.name] if c != "id")
@@ -206,11 +207,14 @@ def child_floor(target: str, source: str, cache_mib: int | None, keep_rows: bool
         else:
             conn.execute(f'INSERT OR IGNORE INTO main."{table.name}" SELECT * FROM src."{table.name}"')
         inserted[table.name] = conn.changes()
+        by_table[table.name] = round(time.perf_counter() - table_started, 3)
+    commit_started = time.perf_counter()
     conn.execute("COMMIT")
+    by_table["COMMIT"] = round(time.perf_counter() - commit_started, 3)
     seconds = time.perf_counter() - started
     conn.execute("DETACH DATABASE src")
     conn.close()
-    return {"seconds": seconds, "inserted": inserted, "peak_rss_mb": peak_rss_mb()}
+    return {"seconds": seconds, "inserted": inserted, "by_table": by_table, "peak_rss_mb": peak_rss_mb()}
 
 
 def child_merge(target: str, source: str, statements: bool) -> dict:
@@ -507,6 +511,8 @@ def measure(
         "floor_seconds": median([f["seconds"] for f in floors]),
         "floor_peak_rss_mb": max(f["peak_rss_mb"] for f in floors),
         "floor_inserted": floors[-1]["inserted"],
+        # Seconds per table's insert (and the commit) in the last round: what the copy is weighed against.
+        "floor_by_table": floors[-1]["by_table"],
         "merge_seconds": median([m["seconds"] for m in merges]),
         "merge_ratio": round(median([m["seconds"] / f["seconds"] for f, m, _ in rounds]), 2),
         "merge_peak_rss_mb": max(m["peak_rss_mb"] for m in merges),
@@ -603,6 +609,8 @@ def print_scale(r: dict, out=sys.stdout) -> None:
                 f"    {name:<26} +{t['added']:<9,} mapped {t['mapped']:<8,} existing {t['existing']:<9,} "
                 f"updated {t['updated']:<6,} forked {t['forked']:,}"
             )
+    slowest = sorted(r["floor_by_table"].items(), key=lambda kv: -kv[1])[:8]
+    say("\n  floor by table (seconds, last round): " + ", ".join(f"{name} {sec:.2f}" for name, sec in slowest))
     for label, run in (("merge", r["merge"]), ("re-merge", r["remerge"])):
         detail = "statements" in run
         say(f"\n  {label} phases (seconds{'; of which SQL, sleeping' if detail else ''}):")
