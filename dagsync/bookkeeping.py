@@ -84,6 +84,14 @@ CREATE TABLE IF NOT EXISTS _dagsync_mark_digests (
     digest INTEGER NOT NULL,
     PRIMARY KEY (source, tbl)
 ) WITHOUT ROWID;
+-- Per source, its file's state when its marks and every pointer row were
+-- taken (merge.marks.file_state: SQLite's change counter, inode, size, time):
+-- while it is the same and no table grew, nothing was written to the file
+-- since, and a merge of it has nothing to read (merge.marks.decide).
+CREATE TABLE IF NOT EXISTS _dagsync_mark_files (
+    source INTEGER PRIMARY KEY,
+    state TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
     tbl TEXT NOT NULL,
     key TEXT NOT NULL,

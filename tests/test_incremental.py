@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import apsw
@@ -31,6 +32,7 @@ from dagsync.canonicalise import canonicalise
 from dagsync.errors import DagsyncError
 from dagsync.gc import gc
 from dagsync.merge import merge
+from dagsync.merge import marks
 from dagsync.merge.core import source_label
 from dagsync.sync import sync
 from dagsync.unpack import unpack
@@ -38,7 +40,7 @@ from dagsync.verify import verify
 from tests.test_fork_histories import THREE_MACHINES, machines, prompt
 
 # dagsync's records of its own marks: what differs between an incremental and a full merge.
-MARK_TABLES = {"_dagsync_sources", "_dagsync_marks", "_dagsync_mark_pointers", "_dagsync_mark_digests"}
+MARK_TABLES = {"_dagsync_sources", "_dagsync_marks", "_dagsync_mark_pointers", "_dagsync_mark_digests", "_dagsync_mark_files"}
 
 
 def rows(path: Path) -> dict[str, list[tuple]]:
@@ -257,6 +259,119 @@ def test_a_moved_source_is_still_read_from_its_marks():
         prompt(moved, clock, 0, "after the move")
         report, _ = merged_both_ways(server, moved)
         assert report.incremental
+
+
+def _head_back(path: Path) -> None:
+    """Move the first conversation's head back one message, in place: no row added."""
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            "UPDATE conversations SET head_message_id = (SELECT parent_id FROM messages WHERE id = head_message_id) "
+            "WHERE rowid = (SELECT min(rowid) FROM conversations)"
+        )
+
+
+def _recorded_heads(target: Path) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(target)) as conn:
+        return conn.execute("SELECT key, head FROM _dagsync_mark_pointers ORDER BY key").fetchall()
+
+
+def _source_heads(source: Path) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(source)) as conn:
+        return conn.execute("SELECT id, head_message_id FROM conversations ORDER BY id").fetchall()
+
+
+def _reads_a_delta(target: Path, source: Path) -> bool:
+    """Whether merging ``source`` into ``target`` extracts what lies beyond its marks."""
+    seen: list[str] = []
+    hook = lambda conn: conn.trace_v2(apsw.SQLITE_TRACE_STMT, lambda event: seen.append(event["sql"]))  # noqa: E731
+    apsw.connection_hooks.append(hook)
+    try:
+        report = merge(target, [source]).sources[0]
+    finally:
+        apsw.connection_hooks.remove(hook)
+    assert report.incremental and report.full_because is None
+    return any('temp."dl_' in sql for sql in seen)
+
+
+def test_a_source_nothing_was_written_to_since_its_marks_is_not_read_at_all():
+    """Its file's state (SQLite's change counter, inode, size, time) is as the
+    marks found it: nothing to read, not even its pointer rows."""
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        assert marks.file_state(laptop) is not None
+        before = server.read_bytes()
+        assert not _reads_a_delta(server, laptop)
+        assert server.read_bytes() == before
+        # A pointer moved in place adds no row, but writes the file: it is read and merged.
+        _head_back(laptop)
+        assert _reads_a_delta(server, laptop)
+        assert _recorded_heads(server) == _source_heads(laptop)
+        assert not _reads_a_delta(server, laptop)
+
+
+def test_a_file_put_in_a_source_place_with_the_same_counter_is_read():
+    """Two copies of one file, each with one pointer moved in place: the same
+    rows, the same change counter. The one merged, then the other copied over
+    it: its time tells it apart, and its pointer rows are read."""
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        prompt(laptop, clock, 0, "one")
+        prompt(laptop, clock, 1, "two")
+        twin = laptop.with_name("twin.db")
+        shutil.copyfile(laptop, twin)
+        _head_back(laptop)
+        with contextlib.closing(sqlite3.connect(twin)) as conn, conn:
+            conn.execute(
+                "UPDATE conversations SET head_message_id = (SELECT parent_id FROM messages WHERE id = head_message_id) "
+                "WHERE rowid = (SELECT max(rowid) FROM conversations)"
+            )
+        assert marks.file_state(laptop).split(":")[0] == marks.file_state(twin).split(":")[0]
+        merge(server, [laptop])
+        time.sleep(0.05)  # past the file system's clock tick
+        shutil.copyfile(twin, laptop)
+        assert _reads_a_delta(server, laptop)
+        assert _recorded_heads(server) == _source_heads(laptop)
+
+
+def test_a_source_in_wal_mode_has_its_pointer_rows_read_every_time():
+    """Commits to a WAL leave the header's counter alone: no state is kept."""
+    with machines() as (files, clock):
+        laptop, server, _ = files
+        with contextlib.closing(sqlite3.connect(laptop)) as conn:
+            assert conn.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)
+        prompt(laptop, clock, 0, "one")
+        merge(server, [laptop])
+        assert marks.file_state(laptop) is None
+        with contextlib.closing(sqlite3.connect(server)) as conn:
+            assert conn.execute("SELECT count(*) FROM _dagsync_mark_files").fetchone() == (0,)
+        assert _reads_a_delta(server, laptop)
+        _head_back(laptop)
+        assert _reads_a_delta(server, laptop)
+        assert _recorded_heads(server) == _source_heads(laptop)
+
+
+def test_a_file_state_changes_with_every_commit_and_is_none_where_it_cannot_be_trusted(tmp_path):
+    path = tmp_path / "x.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+        first = marks.file_state(path)
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.commit()
+        second = marks.file_state(path)
+    assert first is not None and second is not None
+    assert int(second.split(":")[0]) == int(first.split(":")[0]) + 1
+    assert marks.file_state(tmp_path / "missing.db") is None
+    wal = tmp_path / "x.db-wal"
+    wal.write_bytes(b"")
+    assert marks.file_state(path) is None  # a WAL beside it may hold commits the header does not count
+    wal.unlink()
+    data = bytearray(path.read_bytes())
+    data[92:96] = (int.from_bytes(data[92:96], "big") - 1).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+    assert marks.file_state(path) is None  # the counter is not the one SQLite last wrote
 
 
 def _twin(path: Path) -> None:

@@ -259,12 +259,19 @@ def _try_source(
         # Thin: what it refers to may be in the target alone.
         after = decision.bundle.now
         run = SourceMerge(target, source, writer, labels[0] or decision.bundle.label, labels[1], thin=True)
+    elif decision.unchanged is not None:
+        # Nothing was written to the source since its marks were taken
+        # (marks.decide): nothing to read, and the marks stand as they are.
+        run = SourceMerge(target, source, writer, *labels, thin=True)
+        run.source_tables = set(decision.unchanged)
+        return run.report()
     elif scratch is not None:
         # What lies beyond the marks, read afresh on every attempt.
         file = Path(scratch) / f"delta-{attempt}.db"
         extracted = _extract(target, source, decision, file)
         after = extracted.now
         run = SourceMerge(target, source, writer, *labels, file=file, thin=True)
+        run.state = extracted.state
         if not any(extracted.rows.values()) and decision.marks is not None and after == decision.marks.tables:
             # Nothing beyond the marks and no pointer moved: nothing to plan or
             # write, and the marks stand as they are.
@@ -405,8 +412,9 @@ def _record_marks(run: SourceMerge, decision: marks.Decision, after: dict[str, t
         source = decision.bundle.source
         if decision.marks is not None and any(now.get(t, (0, None))[0] < m for t, (m, _) in decision.marks.tables.items()):
             return  # an older bundle than what the target has merged of its source since
+    state = None if decision.bundle is not None else run.state
     with run.writer.transaction():
-        marks.save(run.conn, run.fmt, decision, source, run.label, now, "src" if run.thin else "temp")
+        marks.save(run.conn, run.fmt, decision, source, run.label, now, "src" if run.thin else "temp", state)
 
 
 def _kind(table: Table) -> ModuleType:

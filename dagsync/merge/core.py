@@ -87,6 +87,8 @@ class SourceMerge:
         self.thin = thin
         # The source's marks as this merge read it (merge.marks.taken); None for a delta.
         self.taken: dict[str, tuple[int, str | None]] | None = None
+        # The source file's state, read with them (merge.marks.file_state).
+        self.state: str | None = None
         self.full_because: str | None = None  # why the source is read whole (merge.marks.decide)
         self.label = label or source_label(source)
         self.target_label = target_label or source_label(target.path)
@@ -137,6 +139,7 @@ class SourceMerge:
                         self.bounds[table.name] = self.one(f'SELECT coalesce(max(rowid), 0) FROM src."{table.name}"')
             else:
                 self.taken = marks.taken(self.conn, self.fmt, "src", self.source_tables)
+                self.state = marks.file_state(self.file)  # after a read: under the SHARED lock
                 self.bounds = {name: high for name, (high, _) in self.taken.items()}
                 # The pointer rows as of these bounds, for the marks (marks.save).
                 for table in self.order:

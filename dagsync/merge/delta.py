@@ -34,7 +34,7 @@ import apsw
 from dagsync import bookkeeping
 from dagsync.db import harden, initialise
 from dagsync.formats import Format, Key, Table
-from dagsync.merge.marks import marked_tables, pointer_digest, taken
+from dagsync.merge.marks import file_state, marked_tables, pointer_digest, taken
 
 __all__ = ["Extract", "extract"]
 
@@ -48,6 +48,7 @@ class Extract:
     now: dict[str, tuple[int, str | None]]
     rows: dict[str, int]
     digests: dict[str, tuple[int, int]]
+    state: str | None = None  # the source file's state, read with ``now`` (marks.file_state)
 
 
 def extract(
@@ -75,6 +76,7 @@ def extract(
         conn.execute("BEGIN")
         try:
             now = taken(conn, fmt, "src", present)
+            state = file_state(conn.db_filename("src"))  # after a read: under the SHARED lock
             rows = _fill(conn, fmt, since, present, now, snapshot)
             digests = {} if snapshot is not None else {
                 t.name: pointer_digest(conn, "src", t.name, t.natural_key[0], t.pointer, now[t.name][0])
@@ -89,7 +91,7 @@ def extract(
         for (name,) in list(conn.execute("SELECT name FROM temp.sqlite_schema WHERE type = 'table' AND name LIKE 'dl\\_%' ESCAPE '\\'")):
             conn.execute(f'DROP TABLE temp."{name}"')
         conn.execute("DETACH DATABASE dlt")
-    return Extract(now, rows, digests)
+    return Extract(now, rows, digests, state)
 
 
 def _create(fmt: Format, out: Path) -> None:

@@ -20,6 +20,17 @@ Then every row at or below the marks is already in the target, and the merge
 reads only the rows beyond them and the pointer rows that changed.
 Otherwise it merges in full, and says why.
 
+Finding the pointer rows that changed reads every one of them (llm's 58k
+threads: 70 ms, most of a re-merge with nothing new). So the target also
+keeps the source file's **state** (``_dagsync_mark_files``, ``file_state``):
+the change counter SQLite adds one to in the file's header with every
+transaction it commits in rollback-journal mode (llm's), with the file's
+inode, size and modification time. When the marks were taken with every
+pointer row, and the state and every table's highest row are the same now,
+nothing was written to the file since, and the merge reads nothing more
+(``Decision.unchanged``). A file in WAL mode, or with a ``-wal`` file
+beside it, has no such counter to trust.
+
 Two files with one identity (a copy of logs.db that went on on another
 machine) each have an entry of their own, by path (``host:path`` for one
 that arrived as a bundle): an entry is used for the file at its path, or
@@ -30,6 +41,7 @@ for a file of its identity elsewhere only once nothing is left at that path
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import time
 from collections.abc import Iterable
@@ -42,8 +54,8 @@ from dagsync import bookkeeping
 from dagsync.formats import Format, Key
 
 __all__ = [
-    "Decision", "Marks", "decide", "disproof", "identity", "key_sql", "marked_tables", "moved_from", "pointer_digest",
-    "pointer_digest_of", "row_hash", "save", "stored_digest", "taken", "where",
+    "Decision", "Marks", "decide", "disproof", "file_state", "identity", "key_sql", "marked_tables", "moved_from",
+    "pointer_digest", "pointer_digest_of", "row_hash", "save", "stored_digest", "taken", "where",
 ]  # fmt: skip
 
 # dagsync's own tables a merge reads from a source, append-only: marked too.
@@ -60,6 +72,8 @@ class Marks:
     entry: int
     path: str
     tables: dict[str, tuple[int, str | None]]
+    # The file's state when they and every pointer row were taken (file_state), if known.
+    state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ class Decision:
     entry: int | None = None
     # A bundle's record (bundle.Received): the source is the bundle, thin.
     bundle: object | None = None
+    # The source's tables, when nothing was written to it since its marks were
+    # taken (its change counter and every table's highest row are the same): nothing to read.
+    unchanged: frozenset[str] | None = None
 
     @property
     def incremental(self) -> bool:
@@ -108,6 +125,33 @@ def taken(conn: apsw.Connection, fmt: Format, schema: str, present: set[str]) ->
             key = next(iter(conn.execute(f'SELECT {key_sql(fmt, name)} FROM {schema}."{name}" WHERE rowid = ?', (high,))))[0]
         marks[name] = (high, key)
     return marks
+
+
+def file_state(path: str | Path) -> str | None:
+    """What says whether the SQLite file at ``path`` was written since: the
+    change counter in its header, with its inode, size and modification
+    time; or None where that cannot be told.
+
+    SQLite adds one to the counter with every transaction it commits in
+    rollback-journal mode; the inode and time tell another file put in its
+    place whose counter happens to match. Read it while holding the file's
+    SHARED lock (inside a read transaction, after a read): then no commit is
+    half-written. None for a file in WAL mode (header bytes 18-19 are 2, or
+    a ``-wal`` file is beside it), whose commits leave the counter alone, and
+    for a header whose counter is not the one SQLite last wrote there
+    (offset 92 differs: an old SQLite, or another program, wrote it).
+    """
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+            st = os.fstat(f.fileno())
+        if Path(f"{path}-wal").exists():
+            return None
+    except OSError:
+        return None
+    if len(header) < 100 or header[18] != 1 or header[19] != 1 or header[24:28] != header[92:96]:
+        return None
+    return f"{int.from_bytes(header[24:28], 'big')}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def identity(conn: apsw.Connection, fmt: Format, schema: str = "src") -> str:
@@ -157,7 +201,12 @@ def decide(conn: apsw.Connection, fmt: Format, source: Path, present: set[str]) 
         )  # fmt: skip
         failure = disproof(conn, fmt, marks, present)
         if failure is None:
-            return Decision(ident, Marks(entry, at, marks), entry=entry)
+            held = Marks(entry, at, marks, _stored_state(conn, entry))
+            unchanged = None
+            # Read after the reads above: the SHARED lock is held.
+            if held.state is not None and taken(conn, fmt, "src", present) == marks and file_state(source) == held.state:
+                unchanged = frozenset(present)
+            return Decision(ident, held, entry=entry, unchanged=unchanged)
         reasons.append(failure)
     if same_path is None:
         # Files of this identity merged before from elsewhere are other files (copies that went on).
@@ -182,6 +231,14 @@ def moved_from(recorded: str | None) -> bool:
             return False
         recorded = rest
     return not Path(recorded).exists()
+
+
+def _stored_state(conn: apsw.Connection, entry: int) -> str | None:
+    if not bookkeeping.has(conn, "_dagsync_mark_files"):
+        return None
+    for (state,) in conn.execute("SELECT state FROM main._dagsync_mark_files WHERE source = ?", (entry,)):
+        return state
+    return None
 
 
 def _rewritten(conn: apsw.Connection) -> str | None:
@@ -222,11 +279,14 @@ def save(
     label: str,
     marks: dict[str, tuple[int, str | None]],
     pointers: str,
+    state: str | None = None,
 ) -> None:
     """Record ``marks`` for the source, and its pointer rows as ``pointers``
     has them: ``src`` (a delta or a bundle, read whole), or ``temp`` (the
     source's rows as of the merge's bounds, ``core.SourceMerge.attach``),
     where they point at a message the merge's plan held (``temp.msg_map``).
+    ``state``: the source file's state read with them (``file_state``),
+    kept only if every pointer row is recorded.
     Call inside the merge's last write transaction."""
     bookkeeping.ensure(conn)
     entry = decision.marks.entry if decision.marks else decision.entry
@@ -247,6 +307,7 @@ def save(
             "UPDATE main._dagsync_sources SET identity = ?, path = ?, label = ?, merged_at = ?, rewritten = ? WHERE id = ?",
             (*values, entry),
         )
+    conn.execute("DELETE FROM main._dagsync_mark_files WHERE source = ?", (entry,))  # kept below if it still holds
     conn.executemany(
         "INSERT OR REPLACE INTO main._dagsync_marks (source, tbl, mark, mark_key) VALUES (?, ?, ?, ?)",
         [(entry, name, mark, key) for name, (mark, key) in marks.items()],
@@ -267,6 +328,13 @@ def save(
                 f"INSERT OR REPLACE INTO main._dagsync_mark_pointers (source, tbl, key, head) SELECT ?1, ?2, key, head FROM ({changed})",
                 (entry, table.name),
             )
+            if state is not None and any(conn.execute(
+                f'SELECT 1 FROM {rows} s WHERE s."{table.pointer}" IS NOT NULL '
+                f'AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s."{table.pointer}") LIMIT 1'
+            )):  # fmt: skip
+                state = None  # a pointer row left out: the next merge must look at them all again
+    if state is not None:
+        conn.execute("INSERT OR REPLACE INTO main._dagsync_mark_files (source, state) VALUES (?, ?)", (entry, state))
 
 
 def stored_digest(conn: apsw.Connection, entry: int, table: str) -> tuple[int, int] | None:
