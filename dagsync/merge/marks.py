@@ -88,7 +88,7 @@ class Decision:
     # A bundle's record (bundle.Received): the source is the bundle, thin.
     bundle: object | None = None
     # The source's tables, when nothing was written to it since its marks were
-    # taken (its change counter and every table's highest row are the same): nothing to read.
+    # taken (its file's state and every table's highest row are the same): nothing to read.
     unchanged: frozenset[str] | None = None
 
     @property
