@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -41,6 +43,17 @@ def hold(path: Path, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), *extra], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     return proc
+
+
+@contextlib.contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """Another process holds ``path`` open for the block."""
+    holder = hold(path)
+    try:
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_nobody_else_nobody_waiting(db):
@@ -141,12 +154,10 @@ def test_an_own_open_that_reuses_a_kept_descriptor_takes_no_other_process_for_ou
         with others.own_open(str(db)):
             second = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
         second.execute("SELECT count(*) FROM t").fetchall()
-        holder = hold(db)
         try:
-            assert others.may_be_waiting(str(db))
+            with holding(db):
+                assert others.may_be_waiting(str(db))
         finally:
-            holder.kill()
-            holder.wait()
             second.close()
     finally:
         writer.execute("COMMIT")
@@ -187,14 +198,10 @@ def test_a_merge_of_several_sources_is_not_polite_to_its_own_threads(tmp_path):
         assert done.stdout.split() == ["False", "0"]
         for source in sources:
             grow(source, seed=4)
-    holder = hold(Path(target))
-    try:
+    with holding(Path(target)):
         done = subprocess.run(
             [sys.executable, "-c", MERGE_TWO, target, *sources], capture_output=True, text=True, check=True
         )
-    finally:
-        holder.kill()
-        holder.wait()
     polite, pauses = done.stdout.split()
     assert polite == "True" and int(pauses) > 0
 
