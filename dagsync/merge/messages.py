@@ -22,7 +22,8 @@ in the target is known when the message is looked up:
   as canonicalise would.
 
 Rounds of lookups go out one level at a time from what is settled; below a
-NEW message the target has nothing, so its descendants are settled at once.
+NEW message the target has nothing, so its descendants are settled at once
+(all of them after the first round, when it found only NEW messages).
 A message the rounds never reach has a missing parent or a cycle: the
 source is refused. Owned rows (the dag format's ``message_parts``,
 ``owned.py``) are copied with their message, in its transaction.
@@ -72,7 +73,7 @@ def plan(run: SourceMerge, table: Table) -> None:
     total = run.one("SELECT count(*) FROM temp.src_msg")
     settled = _rounds(run, table, total)
     _refuse_unreached(run, total)
-    _order_new(run, settled)
+    _order_new(run, table, settled)
     counts = run.counts[table.name]
     for kind, n in run.conn.execute(f"SELECT kind, count(*) FROM temp.msg_map WHERE src != '{TOP}' GROUP BY kind"):
         if kind == NEW:
@@ -164,7 +165,9 @@ def _boundary(run: SourceMerge, table: Table) -> None:
 
 def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     """Settle the rest, a level at a time out from what is settled; True when
-    the hash format settled it without rounds (every new message in order)."""
+    each new message's parent is earlier in the source or held by the target
+    (settled without rounds in the hash format, by _settle_rest_new in the dag
+    format)."""
     c = run.conn
     key, parent = run.fmt.message_key, run.fmt.parent_column
     if table.key is Key.DAG_MESSAGE:
@@ -192,19 +195,22 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash, s.role FROM temp.src_msg s "
         "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
     )
-    settled = table.key is Key.HASH_MESSAGE and _all_new_in_order(run)
-    # Children are looked up by parent only below what is settled (in a
-    # re-merge, nothing is left), and only by the rounds.
-    if not settled and run.one("SELECT 1 FROM temp.unsettled LIMIT 1"):
-        c.execute("CREATE INDEX temp.src_msg_parent ON src_msg (parent_id)")
+    in_order = _all_new_in_order(run)
+    settled = table.key is Key.HASH_MESSAGE and in_order
     if settled:
         # Keyed by identity: what the target lacks is new, as itself, and
         # the source's order already puts parents first. No rounds needed
         # (the rounds are also what name a dangling parent or a cycle).
         c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
-    # A new message's descendants are new (see _settle_below_new); only the
-    # hash format, whose key is the identity, settles them without rounds.
+    # A new message's descendants are new; only the hash format, whose key
+    # is the identity, settles them without rounds. In the dag format, the
+    # rounds look up only the children of messages the target holds, and
+    # settle the rest at the end (_settle_rest_new) when the source is in
+    # order without twins; else each round's new messages' descendants at
+    # once (_settle_below_new).
     below_new = table.key is Key.DAG_MESSAGE
+    rest_new = below_new and in_order and not _twins(run)
+    below_new = below_new and not rest_new
     while not settled:
         c.execute("DELETE FROM temp.lvl")
         if depth == 0:
@@ -216,10 +222,11 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
             c.execute(
                 "INSERT INTO temp.lvl (src, p, hash, role) SELECT s.id, m.dst, s.hash, s.role FROM temp.src_msg s "
                 "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
-                "(SELECT src FROM temp.msg_map)",
-                (depth,),
+                f"(SELECT src FROM temp.msg_map){' AND m.kind != ?' if rest_new else ''}",
+                (depth, NEW) if rest_new else (depth,),
             )
         if run.changes() == 0:
+            settled = rest_new and _settle_rest_new(run)
             break
         for low, high in run.chunks("temp.lvl"):
             # Look the level up in the target: by identity, and by id.
@@ -254,6 +261,8 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
             (depth + 1, NEW, SAME, MAPPED),
         )
         done += run.one("SELECT count(*) FROM temp.lvl")
+        # Children are looked up by parent only below the first round.
+        c.execute("CREATE INDEX IF NOT EXISTS temp.src_msg_parent ON src_msg (parent_id)")
         if below_new:
             settled_below = _settle_below_new(run, depth + 1)
             if settled_below is None:
@@ -310,6 +319,34 @@ def _settle_below_new(run: SourceMerge, depth: int) -> int | None:
     return run.changes()
 
 
+def _twins(run: SourceMerge) -> bool:
+    """Two unsettled messages with one identity (a source without the unique index)."""
+    return run.one("SELECT 1 FROM temp.unsettled GROUP BY parent_id, hash HAVING count(*) > 1 LIMIT 1") is not None
+
+
+def _settle_rest_new(run: SourceMerge) -> bool:
+    """When the rounds have looked up every child of a message the target
+    holds, settle the rest as new, at once; always True.
+
+    What is left descends from a message the rounds found new
+    (_all_new_in_order found each one's parent settled or earlier), and
+    below a new message the target has nothing: with no twins (_twins) each
+    is new, under its own parent, as _settle_below_new would find it. A
+    message whose id the target holds for another message is a conflict.
+    """
+    c = run.conn
+    for src, id_parent, id_hash, p, h in c.execute(
+        f"SELECT u.id, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, u.parent_id, u.hash "
+        f"FROM temp.unsettled u JOIN main.messages t ON t.{run.fmt.message_key} = u.id "
+        "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.id) LIMIT ?",
+        (MAX_CONFLICTS_SHOWN * 10,),
+    ):
+        run.conflict(_conflict(src, id_parent, id_hash, p, h))
+    # What the rounds settled is there already; unsettled is in key order.
+    c.execute(f"INSERT OR IGNORE INTO temp.msg_map SELECT id, id, parent_id, 0, {NEW} FROM temp.unsettled")
+    return True
+
+
 def _all_new_in_order(run: SourceMerge) -> bool:
     """Every unsettled message's parent is settled or unsettled-and-earlier in
     the source: no dangling parent, no cycle, and source order is parents first."""
@@ -349,7 +386,7 @@ def _refuse_unreached(run: SourceMerge, total: int) -> None:
     )
 
 
-def _order_new(run: SourceMerge, settled: bool) -> None:
+def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
     """``temp.msg_new``: the messages to insert, parents first; ``temp.msg_moved``:
     the ones mapped onto another row, where references to them go."""
     c = run.conn
@@ -358,12 +395,14 @@ def _order_new(run: SourceMerge, settled: bool) -> None:
     # source's own row order is that order in any file written a message at a
     # time (and it is the order of the ids, so inserts land near each other
     # in every index); where it is not, depth order is.
-    if settled:
+    if settled and table.key is Key.HASH_MESSAGE:
         # Without rounds: every unsettled message is new, and
         # _all_new_in_order found each one's parent settled or earlier.
         c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
     else:
-        backwards = run.one(
+        # Settled in order (_settle_rest_new): each new message's parent is
+        # earlier, or a message the target holds.
+        backwards = not settled and run.one(
             "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
             "JOIN temp.msg_map p ON p.src = cs.parent_id JOIN temp.src_msg ps ON ps.id = cs.parent_id "
             "WHERE c.kind = ? AND p.kind = ? AND ps.rid > cs.rid",
