@@ -226,7 +226,9 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
                 (depth, NEW) if rest_new else (depth,),
             )
         if run.changes() == 0:
-            settled = rest_new and _settle_rest_new(run)
+            if rest_new:
+                settled = _settle_rest_new(run)
+                run.progress("mapping messages", total, total)
             break
         for low, high in run.chunks("temp.lvl"):
             # Look the level up in the target: by identity, and by id.
