@@ -1,9 +1,9 @@
 """The dag messages' plan: its shortcuts find what the level-by-level rounds find.
 
 The plan settles a source's new messages in one pass once the rounds have
-looked up every child of a message the target holds (``_settle_rest_new``),
+looked up every child of a message the target holds (``descendants.rest_new``),
 when the source is in order and has no twins; else the descendants of each
-round's new messages at once (``_settle_below_new``); else level by level.
+round's new messages at once (``descendants.below_new``); else level by level.
 Each shortcut must give, row for row, what the rounds alone give.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dagsync.merge.messages as messages
+import dagsync.merge.descendants as descendants
 from dagsync.errors import MergeConflict
 from dagsync.merge import merge
 from dagsync.message import Message, TextPart
@@ -40,26 +40,25 @@ def _save(path: Path, anchored: list[tuple[int | None, list[str]]]) -> None:
 
 
 def _twin(path: Path, seed: int) -> None:
-    """A second row with one message's identity and children, as a source without the unique index has."""
+    """A second copy of one message and everything below it, as a source without the unique index can hold."""
     with sqlite3.connect(path) as conn:
         conn.execute("DROP INDEX IF EXISTS idx_messages_parent_hash_unique")
         ids = [i for (i,) in conn.execute("SELECT id FROM messages WHERE id != 'root' ORDER BY rowid")]
         if not ids:
             return
         original = ids[seed % len(ids)]
-        for old in [original, *(i for (i,) in conn.execute("SELECT id FROM messages WHERE parent_id = ?", (original,)))]:
-            parent = "(SELECT parent_id FROM messages WHERE id = ?)" if old == original else "'twin-' || ?"
-            conn.execute(
-                f"INSERT INTO messages SELECT 'twin-' || id, {parent}, content_hash, role, provider_metadata_json, "
-                "created_at FROM messages WHERE id = ?",
-                (old if old == original else original, old),
-            )
-            conn.execute(
-                "INSERT INTO message_parts (id, message_id, \"order\", part_type, content, content_json, tool_call_id, "
-                "server_executed) SELECT 'twin-' || id, 'twin-' || message_id, \"order\", part_type, content, "
-                "content_json, tool_call_id, server_executed FROM message_parts WHERE message_id = ?",
-                (old,),
-            )
+        below = "WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id) "
+        conn.execute(
+            below + "INSERT INTO messages SELECT 'twin-' || id, CASE WHEN id = ? THEN parent_id ELSE 'twin-' || parent_id END, "
+            "content_hash, role, provider_metadata_json, created_at FROM messages WHERE id IN sub ORDER BY rowid",
+            (original, original),
+        )
+        conn.execute(
+            below + "INSERT INTO message_parts (id, message_id, \"order\", part_type, content, content_json, tool_call_id, "
+            "server_executed) SELECT 'twin-' || id, 'twin-' || message_id, \"order\", part_type, content, content_json, "
+            "tool_call_id, server_executed FROM message_parts WHERE message_id IN sub ORDER BY rowid",
+            (original,),
+        )
 
 
 def _reverse(path: Path) -> None:
@@ -80,9 +79,9 @@ def _merge(target: Path, source: Path, *, shortcuts: str) -> tuple[dict[str, lis
     """Merge with the plan's shortcuts: "all", "below new" (not the one pass) or "none" (the rounds)."""
     with pytest.MonkeyPatch.context() as mp:
         if shortcuts != "all":
-            mp.setattr(messages, "_twins", lambda run: True)  # no one pass
+            mp.setattr(descendants, "twins", lambda run: True)  # no one pass
         if shortcuts == "none":
-            mp.setattr(messages, "_settle_below_new", lambda run, depth: None)
+            mp.setattr(descendants, "below_new", lambda run, depth: None)
         report = merge(target, [source])
     (counts,) = (t for t in report.sources[0].tables if t.table == "messages")
     return _rows(target), (counts.added, counts.mapped, counts.existing)
@@ -133,8 +132,8 @@ def _family(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_source_in_order_is_settled_in_one_pass(tmp_path, monkeypatch):
     target, source = _family(tmp_path)
     calls = []
-    one_pass = messages._settle_rest_new
-    monkeypatch.setattr(messages, "_settle_rest_new", lambda run: calls.append(1) or one_pass(run))
+    one_pass = descendants.rest_new
+    monkeypatch.setattr(descendants, "rest_new", lambda run: calls.append(1) or one_pass(run))
     results = _three_ways(tmp_path, target, source)
     assert calls == [1]
     assert results["all"] == results["below new"] == results["none"]
@@ -149,7 +148,7 @@ def test_a_source_stored_children_first_is_not_settled_in_one_pass(tmp_path, mon
     target, source = _family(tmp_path)
     _reverse(source)
     calls = []
-    monkeypatch.setattr(messages, "_settle_rest_new", lambda run: calls.append(1) or True)
+    monkeypatch.setattr(descendants, "rest_new", lambda run: calls.append(1) or True)
     results = _three_ways(tmp_path, target, source)
     assert calls == []
     assert results["all"] == results["below new"] == results["none"]
@@ -177,3 +176,24 @@ def test_an_id_the_target_holds_deep_below_a_new_message_is_a_conflict(tmp_path)
     assert info.value.conflicts == [
         f"message {deep} is (parent root, hash {theirs[:12]}) in the target but (parent {parent}, hash {digest[:12]}) in the source"
     ]
+
+
+def test_a_twin_of_a_message_the_target_holds_meets_its_new_children(tmp_path):
+    # The source holds "hi" twice (without the unique index), the target once;
+    # below the source's first "hi" are new messages, and the twin has them too.
+    # The twin is mapped onto the target's "hi" a round after that row's
+    # children were found new: its own children must find those, not be new again.
+    shared, target, source = tmp_path / "shared.db", tmp_path / "target.db", tmp_path / "source.db"
+    _save(shared, [(None, ["hi"])])
+    shutil.copyfile(shared, target)
+    shutil.copyfile(shared, source)
+    _save(source, [(1, ["yes", "no"])])
+    _twin(source, 0)
+    results = _three_ways(tmp_path, target, source)
+    assert results["all"] == results["below new"] == results["none"]
+    rows, counts = results["all"]
+    assert counts == (2, 3, 1)  # "yes" and "no" added; the twin and its two mapped; "hi" held
+    assert [(m[0], m[1]) for m in rows["map"]] == [
+        (f"twin-{m}", m) for m in sorted(i for (i, *_) in rows["messages"] if i != "root")
+    ]
+    assert len(rows["messages"]) == 4  # root, "hi", "yes", "no": nothing twice

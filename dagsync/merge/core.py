@@ -32,16 +32,17 @@ from dagsync.merge.report import Counts, ForkReport, SourceReport, TableReport
 from dagsync.store import UlidFactory
 from dagsync.writer import Writer
 
-__all__ = ["BOUNDARY", "MAX_CONFLICTS_SHOWN", "MESSAGE_KEYS", "TOP", "SourceMerge", "quoted"]
+__all__ = ["BOUNDARY", "MAPPED", "MAX_CONFLICTS_SHOWN", "MESSAGE_KEYS", "NEW", "SAME", "TOP", "SourceMerge", "quoted"]
 
 # The tables that hold the message DAG, however keyed.
 MESSAGE_KEYS = (Key.DAG_MESSAGE, Key.HASH_MESSAGE)
 # In temp tables a chain's start has parent 'root': the dag format's sentinel,
 # and the llm format's NULL parent (its hashes all start "b2:").
 TOP = "root"
-# A kind in temp.msg_map besides messages' own: a message a thin source refers
+# Message kinds in temp.msg_map (messages.py): the target's row of the same id;
+# another row of the same identity; new; and a message a thin source refers
 # to without holding it, which the target has (messages._boundary).
-BOUNDARY = 3
+SAME, MAPPED, NEW, BOUNDARY = 0, 1, 2, 3
 MAX_CONFLICTS_SHOWN = 10
 
 

@@ -35,14 +35,11 @@ from dagsync import bookkeeping
 from dagsync.errors import DamagedSource
 from dagsync.formats import Key, Table
 from dagsync.merge.owned import copy as copy_owned
-from dagsync.merge.core import BOUNDARY, MAX_CONFLICTS_SHOWN, TOP, SourceMerge
+from dagsync.merge import descendants
+from dagsync.merge.core import BOUNDARY, MAPPED, MAX_CONFLICTS_SHOWN, NEW, SAME, TOP, SourceMerge
+from dagsync.merge.descendants import id_conflict
 
 __all__ = ["BOUNDARY", "MAPPED", "NEW", "SAME", "apply", "plan"]
-
-# Message kinds in temp.msg_map; and BOUNDARY (core): a message a thin
-# source (merge.delta) refers to without holding it, found in the target.
-SAME, MAPPED, NEW = 0, 1, 2
-
 
 def role_conflict(src: str, id_role: str | None, role: str | None) -> str:
     return f"message {src} has role {id_role!r} in the target but {role!r} in the source, under the same hash"
@@ -55,10 +52,7 @@ def _conflict(
     if id_parent == parent and id_hash == content_hash:
         # The same key and identity, another role: one of the two files is damaged.
         return role_conflict(src, id_role, role)
-    return (
-        f"message {src} is (parent {id_parent}, hash {(id_hash or '')[:12]}) in the target "
-        f"but (parent {parent}, hash {(content_hash or '')[:12]}) in the source"
-    )
+    return id_conflict(src, id_parent, id_hash, parent, content_hash)
 
 
 # -- plan ------------------------------------------------------------------------------
@@ -102,6 +96,8 @@ def _read_source(run: SourceMerge, table: Table) -> None:
         "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
     )
     run.conn.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
+    # Where messages were mapped onto another row (few): see _rounds' twin search.
+    run.conn.execute(f"CREATE INDEX temp.msg_map_moved ON msg_map (dst) WHERE kind IN ({MAPPED}, {BOUNDARY})")
     run.conn.execute(f"INSERT INTO temp.msg_map VALUES ('{TOP}', '{TOP}', '{TOP}', 0, 0)")
 
 
@@ -166,22 +162,29 @@ def _boundary(run: SourceMerge, table: Table) -> None:
 def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     """Settle the rest, a level at a time out from what is settled; True when
     each new message's parent is earlier in the source or held by the target
-    (settled without rounds in the hash format, by _settle_rest_new in the dag
+    (settled without rounds in the hash format, by descendants.rest_new in the dag
     format)."""
     c = run.conn
     key, parent = run.fmt.message_key, run.fmt.parent_column
     if table.key is Key.DAG_MESSAGE:
         # Identity is (parent, content_hash): look for it under the mapped parent.
         identity = "content_hash"
+        # Under a parent mapped onto another row, the new message it is looked
+        # up against may be a twin's the rounds settled before (a source
+        # without the unique index): a new message under the same row, child
+        # of that row or of another mapped onto it.
         match = (
-            "SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
-            f"AND t.content_hash = lvl.hash AND t.id != '{TOP}'"
+            "SELECT coalesce((SELECT min(t.id) FROM main.messages t WHERE t.parent_id = lvl.p "
+            f"AND t.content_hash = lvl.hash AND t.id != '{TOP}'), CASE WHEN lvl.moved THEN ("
+            "SELECT min(c.id) FROM temp.src_msg c JOIN temp.msg_map cm ON cm.src = c.id WHERE c.parent_id IN "
+            f"(SELECT lvl.p UNION SELECT x.src FROM temp.msg_map x WHERE x.dst = lvl.p AND x.kind IN ({MAPPED}, {BOUNDARY})) "
+            f"AND c.hash IS lvl.hash AND cm.kind = {NEW} AND cm.parent = lvl.p) END)"
         )
     else:
         identity = key
         match = f"SELECT t.{key} FROM main.messages t WHERE t.{key} = lvl.src"
     c.execute(
-        "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, role TEXT, match TEXT, "
+        "CREATE TEMP TABLE lvl (src TEXT NOT NULL, p TEXT NOT NULL, hash TEXT, role TEXT, moved INTEGER, match TEXT, "
         "id_exists INTEGER, id_parent TEXT, id_hash TEXT, id_role TEXT)"
     )
     c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
@@ -195,7 +198,7 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash, s.role FROM temp.src_msg s "
         "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
     )
-    in_order = _all_new_in_order(run)
+    in_order = descendants.in_order(run)
     settled = table.key is Key.HASH_MESSAGE and in_order
     if settled:
         # Keyed by identity: what the target lacks is new, as itself, and
@@ -205,31 +208,37 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     # A new message's descendants are new; only the hash format, whose key
     # is the identity, settles them without rounds. In the dag format, the
     # rounds look up only the children of messages the target holds, and
-    # settle the rest at the end (_settle_rest_new) when the source is in
+    # settle the rest at the end (descendants.rest_new) when the source is in
     # order without twins; else each round's new messages' descendants at
-    # once (_settle_below_new).
+    # once (descendants.below_new).
     below_new = table.key is Key.DAG_MESSAGE
-    rest_new = below_new and in_order and not _twins(run)
+    rest_new = below_new and in_order and not descendants.twins(run)
     below_new = below_new and not rest_new
+    frontier = False  # a round of every unsettled message whose parent is settled
     while not settled:
         c.execute("DELETE FROM temp.lvl")
-        if depth == 0:
+        if depth == 0 or frontier:
             c.execute(
-                "INSERT INTO temp.lvl (src, p, hash, role) SELECT u.id, m.dst, u.hash, u.role FROM temp.unsettled u "
-                "JOIN temp.msg_map m ON m.src = u.parent_id"
+                "INSERT INTO temp.lvl (src, p, hash, role, moved) SELECT u.id, m.dst, u.hash, u.role, m.dst != m.src "
+                "FROM temp.unsettled u JOIN temp.msg_map m ON m.src = u.parent_id"
+                + (" WHERE u.id NOT IN (SELECT src FROM temp.msg_map)" if frontier else "")
             )
+            frontier = False
         else:
             c.execute(
-                "INSERT INTO temp.lvl (src, p, hash, role) SELECT s.id, m.dst, s.hash, s.role FROM temp.src_msg s "
+                "INSERT INTO temp.lvl (src, p, hash, role, moved) SELECT s.id, m.dst, s.hash, s.role, m.dst != m.src "
+                "FROM temp.src_msg s "
                 "JOIN temp.msg_map m ON m.src = s.parent_id WHERE m.depth = ? AND s.id NOT IN "
                 f"(SELECT src FROM temp.msg_map){' AND m.kind != ?' if rest_new else ''}",
                 (depth, NEW) if rest_new else (depth,),
             )
         if run.changes() == 0:
             if rest_new:
-                settled = _settle_rest_new(run)
+                settled = descendants.rest_new(run)
                 run.progress("mapping messages", total, total)
             break
+        # Children are looked up by parent (in the rounds below the first, and by the twin search).
+        c.execute("CREATE INDEX IF NOT EXISTS temp.src_msg_parent ON src_msg (parent_id)")
         for low, high in run.chunks("temp.lvl"):
             # Look the level up in the target: by identity, and by id.
             c.execute(
@@ -263,10 +272,12 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
             (depth + 1, NEW, SAME, MAPPED),
         )
         done += run.one("SELECT count(*) FROM temp.lvl")
-        # Children are looked up by parent only below the first round.
-        c.execute("CREATE INDEX IF NOT EXISTS temp.src_msg_parent ON src_msg (parent_id)")
+        if rest_new and descendants.onto_new(run, depth + 1):
+            # Its children must meet that message's, which the rounds skipped:
+            # they are looked up from here, with every message left that can be.
+            rest_new, frontier = False, True
         if below_new:
-            settled_below = _settle_below_new(run, depth + 1)
+            settled_below = descendants.below_new(run, depth + 1)
             if settled_below is None:
                 below_new = False  # twins under a new parent: level by level from here
             else:
@@ -274,93 +285,6 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         run.progress("mapping messages", done, total)
         depth += 1
     return settled
-
-
-def _settle_below_new(run: SourceMerge, depth: int) -> int | None:
-    """Settle every descendant of the messages the last round found new, at once.
-
-    Below a message the target lacks, the target has nothing (no row of it
-    has a parent it lacks), so no descendant can match one of its rows: each
-    is new, under its own parent, unless two siblings share an identity (a
-    source without the unique index), which the rounds collapse. Returns how
-    many were settled, or None when such twins are there (nothing is settled
-    then). A descendant whose id the target holds for another message is a
-    conflict, as in the rounds.
-    """
-    c = run.conn
-    c.execute("DROP TABLE IF EXISTS temp.below_new")
-    c.execute(
-        "CREATE TEMP TABLE below_new AS WITH RECURSIVE d(src, parent, hash, depth) AS ("
-        "  SELECT s.id, s.parent_id, s.hash, m.depth + 1 FROM temp.msg_map m "
-        "  JOIN temp.src_msg s ON s.parent_id = m.src WHERE m.depth = ? AND m.kind = ? "
-        "  AND NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id) "
-        "  UNION ALL "
-        "  SELECT s.id, s.parent_id, s.hash, d.depth + 1 FROM d JOIN temp.src_msg s ON s.parent_id = d.src "
-        "  WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map x WHERE x.src = s.id)"
-        ") SELECT src, parent, hash, depth FROM d",
-        (depth, NEW),
-    )
-    twins_below = run.one("SELECT 1 FROM temp.below_new GROUP BY parent, hash HAVING count(*) > 1 LIMIT 1")
-    # A twin the last round mapped onto a new message: its children must
-    # meet that message's children in one round.
-    twins_now = run.one(
-        "SELECT 1 FROM temp.msg_map m JOIN temp.msg_map n ON n.src = m.dst "
-        "WHERE m.depth = ? AND m.kind = ? AND n.kind = ? LIMIT 1",
-        (depth, MAPPED, NEW),
-    )
-    if twins_below or twins_now:
-        return None
-    for src, id_parent, id_hash, p, h in c.execute(
-        f"SELECT b.src, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, b.parent, b.hash "
-        f"FROM temp.below_new b JOIN main.messages t ON t.{run.fmt.message_key} = b.src LIMIT ?",
-        (MAX_CONFLICTS_SHOWN * 10,),
-    ):
-        run.conflict(_conflict(src, id_parent, id_hash, p, h))
-    # In key order: msg_map is keyed by src.
-    c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new ORDER BY src")
-    return run.changes()
-
-
-def _twins(run: SourceMerge) -> bool:
-    """Two unsettled messages with one identity (a source without the unique index)."""
-    return run.one("SELECT 1 FROM temp.unsettled GROUP BY parent_id, hash HAVING count(*) > 1 LIMIT 1") is not None
-
-
-def _settle_rest_new(run: SourceMerge) -> bool:
-    """When the rounds have looked up every child of a message the target
-    holds, settle the rest as new, at once; always True.
-
-    What is left descends from a message the rounds found new
-    (_all_new_in_order found each one's parent settled or earlier), and
-    below a new message the target has nothing: with no twins (_twins) each
-    is new, under its own parent, as _settle_below_new would find it. A
-    message whose id the target holds for another message is a conflict.
-    """
-    c = run.conn
-    for src, id_parent, id_hash, p, h in c.execute(
-        f"SELECT u.id, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, u.parent_id, u.hash "
-        f"FROM temp.unsettled u JOIN main.messages t ON t.{run.fmt.message_key} = u.id "
-        "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.id) LIMIT ?",
-        (MAX_CONFLICTS_SHOWN * 10,),
-    ):
-        run.conflict(_conflict(src, id_parent, id_hash, p, h))
-    # What the rounds settled is there already; unsettled is in key order.
-    c.execute(f"INSERT OR IGNORE INTO temp.msg_map SELECT id, id, parent_id, 0, {NEW} FROM temp.unsettled")
-    return True
-
-
-def _all_new_in_order(run: SourceMerge) -> bool:
-    """Every unsettled message's parent is settled or unsettled-and-earlier in
-    the source: no dangling parent, no cycle, and source order is parents first."""
-    run.conn.execute("CREATE INDEX temp.unsettled_id ON unsettled (id, rid)")  # covering: no row fetched
-    # The earlier-unsettled parent first: it is most messages' (new chains).
-    out_of_order = run.one(
-        "SELECT count(*) FROM temp.unsettled u WHERE u.parent_id != ? "
-        "AND NOT EXISTS (SELECT 1 FROM temp.unsettled p WHERE p.id = u.parent_id AND p.rid < u.rid) "
-        "AND NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.parent_id)",
-        (TOP,),
-    )
-    return out_of_order == 0
 
 
 def _refuse_unreached(run: SourceMerge, total: int) -> None:
@@ -399,10 +323,10 @@ def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
     # in every index); where it is not, depth order is.
     if settled and table.key is Key.HASH_MESSAGE:
         # Without rounds: every unsettled message is new, and
-        # _all_new_in_order found each one's parent settled or earlier.
+        # descendants.in_order found each one's parent settled or earlier.
         c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
     else:
-        # Settled in order (_settle_rest_new): each new message's parent is
+        # Settled in order (descendants.rest_new): each new message's parent is
         # earlier, or a message the target holds.
         backwards = not settled and run.one(
             "SELECT count(*) FROM temp.msg_map c JOIN temp.src_msg cs ON cs.id = c.src "
