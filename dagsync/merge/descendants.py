@@ -82,11 +82,12 @@ def rest_new(run: SourceMerge) -> bool:
     """When the rounds have looked up every child of a message the target
     holds, settle the rest as new, at once; always True.
 
-    What is left descends from a message the rounds found new
-    (in_order found each one's parent settled or earlier), and
-    below a new message the target has nothing: with no twins (twins) each
-    is new, under its own parent, as below_new would find it. A
-    message whose id the target holds for another message is a conflict.
+    What is left descends from a message the rounds found new (``in_order``
+    found each one's parent settled or earlier), and below a new message the
+    target has nothing: with no ``twins``, each is new, under its own parent,
+    as ``below_new`` would find it. (A twin the rounds map onto a new message
+    ends the one pass before this: ``onto_new``.) A message whose id the
+    target holds for another message is a conflict.
     """
     c = run.conn
     for src, id_parent, id_hash, p, h in c.execute(

@@ -23,7 +23,7 @@ in the target is known when the message is looked up:
 
 Rounds of lookups go out one level at a time from what is settled; below a
 NEW message the target has nothing, so its descendants are settled at once
-(all of them after the first round, when it found only NEW messages).
+(``descendants.py``: in one pass after the rounds, when the source is in order).
 A message the rounds never reach has a missing parent or a cycle: the
 source is refused. Owned rows (the dag format's ``message_parts``,
 ``owned.py``) are copied with their message, in its transaction.
