@@ -53,12 +53,7 @@ def below_new(run: SourceMerge, depth: int) -> int | None:
     # meet that message's children in one round.
     if twins_below or onto_new(run, depth):
         return None
-    for src, id_parent, id_hash, p, h in c.execute(
-        f"SELECT b.src, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, b.parent, b.hash "
-        f"FROM temp.below_new b JOIN main.messages t ON t.{run.fmt.message_key} = b.src LIMIT ?",
-        (MAX_CONFLICTS_SHOWN * 10,),
-    ):
-        run.conflict(id_conflict(src, id_parent, id_hash, p, h))
+    _held(run, "SELECT src, parent, hash FROM temp.below_new")
     # In key order: msg_map is keyed by src.
     c.execute(f"INSERT INTO temp.msg_map SELECT src, src, parent, depth, {NEW} FROM temp.below_new ORDER BY src")
     return run.changes()
@@ -78,9 +73,9 @@ def twins(run: SourceMerge) -> bool:
     return run.one("SELECT 1 FROM temp.unsettled GROUP BY parent_id, hash HAVING count(*) > 1 LIMIT 1") is not None
 
 
-def rest_new(run: SourceMerge) -> bool:
+def rest_new(run: SourceMerge) -> None:
     """When the rounds have looked up every child of a message the target
-    holds, settle the rest as new, at once; always True.
+    holds, settle the rest as new, at once.
 
     What is left descends from a message the rounds found new (``in_order``
     found each one's parent settled or earlier), and below a new message the
@@ -89,17 +84,24 @@ def rest_new(run: SourceMerge) -> bool:
     ends the one pass before this: ``onto_new``.) A message whose id the
     target holds for another message is a conflict.
     """
-    c = run.conn
-    for src, id_parent, id_hash, p, h in c.execute(
-        f"SELECT u.id, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, u.parent_id, u.hash "
-        f"FROM temp.unsettled u JOIN main.messages t ON t.{run.fmt.message_key} = u.id "
-        "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.id) LIMIT ?",
+    _held(
+        run,
+        "SELECT id AS src, parent_id AS parent, hash FROM temp.unsettled u "
+        "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = u.id)",
+    )
+    # What the rounds settled is there already; unsettled is in key order.
+    run.conn.execute(f"INSERT OR IGNORE INTO temp.msg_map SELECT id, id, parent_id, 0, {NEW} FROM temp.unsettled")
+
+
+def _held(run: SourceMerge, settled_new: str) -> None:
+    """Messages about to be settled as new (``settled_new``: src, parent,
+    hash) whose id the target holds for another message: each a conflict."""
+    for src, id_parent, id_hash, p, h in run.conn.execute(
+        f"SELECT n.src, coalesce(t.{run.fmt.parent_column}, '{TOP}'), t.content_hash, n.parent, n.hash "
+        f"FROM ({settled_new}) n JOIN main.messages t ON t.{run.fmt.message_key} = n.src LIMIT ?",
         (MAX_CONFLICTS_SHOWN * 10,),
     ):
         run.conflict(id_conflict(src, id_parent, id_hash, p, h))
-    # What the rounds settled is there already; unsettled is in key order.
-    c.execute(f"INSERT OR IGNORE INTO temp.msg_map SELECT id, id, parent_id, 0, {NEW} FROM temp.unsettled")
-    return True
 
 
 def in_order(run: SourceMerge) -> bool:

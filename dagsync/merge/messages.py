@@ -211,9 +211,9 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     # settle the rest at the end (descendants.rest_new) when the source is in
     # order without twins; else each round's new messages' descendants at
     # once (descendants.below_new).
-    below_new = table.key is Key.DAG_MESSAGE
-    rest_new = below_new and in_order and not descendants.twins(run)
-    below_new = below_new and not rest_new
+    dag = table.key is Key.DAG_MESSAGE
+    rest_new = dag and in_order and not descendants.twins(run)
+    below_new = dag and not rest_new
     frontier = False  # a round of every unsettled message whose parent is settled
     while not settled:
         c.execute("DELETE FROM temp.lvl")
@@ -234,7 +234,8 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
             )
         if run.changes() == 0:
             if rest_new:
-                settled = descendants.rest_new(run)
+                descendants.rest_new(run)
+                settled = True
                 run.progress("mapping messages", total, total)
             break
         # Children are looked up by parent (in the rounds below the first, and by the twin search).
