@@ -534,7 +534,12 @@ def tampered(fmt: str, path: Path, key: str, how: str) -> str:
     elif how == "nulled":
         edit(path, f"UPDATE {table} SET {column} = CASE WHEN {column} IS NULL THEN 'x' END WHERE {owner} = :k AND {ORDER[fmt]} = {first}", {"k": key})
     elif how == "lost":
-        edit(path, f"DELETE FROM {table} WHERE {owner} = :k AND {ORDER[fmt]} = {first}", {"k": key})
+        lost = f"{owner} = :k AND {ORDER[fmt]} = {first}"
+        if fmt == "llm":
+            # The part's links go with it: the file stays whole but for the message's content.
+            for links in ("part_fragments", "part_attachments"):
+                edit(path, f"DELETE FROM {links} WHERE part_id IN (SELECT id FROM {table} WHERE {lost})", {"k": key})
+        edit(path, f"DELETE FROM {table} WHERE {lost}", {"k": key})
     else:  # added
         edit(path, (
             f"INSERT INTO {table} (id, {owner}, \"order\", part_type, {column}) SELECT 'extra-part', :k, max(\"order\") + 1, 'text', 'added' "
