@@ -5,6 +5,10 @@ looked up every child of a message the target holds (``descendants.rest_new``),
 when the source is in order and has no twins; else the descendants of each
 round's new messages at once (``descendants.below_new``); else level by level.
 Each shortcut must give, row for row, what the rounds alone give.
+
+llm messages, keyed by their hash, are settled new in the pass that finds
+what the target holds, when the source is in order; a source stored
+children first takes the rounds, and ends the same.
 """
 
 from __future__ import annotations
@@ -199,3 +203,59 @@ def test_a_twin_of_a_message_the_target_holds_meets_its_new_children(tmp_path):
         (f"twin-{m}", m) for m in sorted(i for (i, *_) in rows["messages"] if i != "root")
     ]
     assert len(rows["messages"]) == 4  # root, "hi", "yes", "no": nothing twice
+
+
+# -- llm messages: keyed by their hash, settled in the pass that finds what the target holds
+
+
+def _llm_rows(path: Path) -> dict[str, list[tuple]]:
+    with sqlite3.connect(path) as conn:
+        return {
+            "messages": conn.execute("SELECT hash, parent_hash, role, provider_metadata FROM messages ORDER BY 1").fetchall(),
+            "parts": conn.execute("SELECT message_hash, position, type, tool_name, text, payload FROM parts ORDER BY 1, 2").fetchall(),
+        }
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), shared=st.sampled_from([0.0, 0.5, 1.0]))
+def test_llm_messages_stored_children_first_take_the_rounds_and_end_the_same(seed, shared):
+    from fixtures import family_llm
+
+    import dagsync.merge.messages as messages
+
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        laptop, desk = (r.path for r in family_llm(d / "family", seed=seed, machines=2, conversations=4, shared_fraction=shared))
+        reversed_source = d / "reversed.db"
+        shutil.copyfile(desk, reversed_source)
+        _reverse_llm(reversed_source)
+        results, rounds = {}, []
+        for name, source in (("in order", desk), ("children first", reversed_source)):
+            (d / name).mkdir()
+            target = d / name / "t.db"
+            shutil.copyfile(laptop, target)
+            with pytest.MonkeyPatch.context() as mp:
+                real = messages._rounds
+                mp.setattr(messages, "_rounds", lambda run, table, total: rounds.append(name) or real(run, table, total))
+                merge(target, [source])
+            results[name] = _llm_rows(target)
+        assert results["in order"] == results["children first"]
+        assert "in order" not in rounds
+        new_with_new_parent = _new_below_new(laptop, desk)
+        assert ("children first" in rounds) == new_with_new_parent
+
+
+def _reverse_llm(path: Path) -> None:
+    """An llm file whose messages are stored children first: every rowid negated."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET rowid = -rowid")
+
+
+def _new_below_new(target: Path, source: Path) -> bool:
+    """Whether the source has a message the target lacks under another it lacks (then order matters)."""
+    with sqlite3.connect(source) as conn:
+        conn.execute("ATTACH DATABASE ? AS t", (str(target),))
+        return conn.execute(
+            "SELECT 1 FROM messages c JOIN messages p ON p.hash = c.parent_hash "
+            "WHERE c.hash NOT IN (SELECT hash FROM t.messages) AND p.hash NOT IN (SELECT hash FROM t.messages) LIMIT 1"
+        ).fetchone() is not None

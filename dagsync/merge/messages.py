@@ -24,7 +24,9 @@ in the target is known when the message is looked up:
 Rounds of lookups go out one level at a time from what is settled; below a
 NEW message the target has nothing, so its descendants are settled at once
 (``descendants.py``: in one pass after the rounds, when the source is in order).
-A message the rounds never reach has a missing parent or a cycle: the
+Hash messages need no rounds when the source is in order: the key is the
+identity, so the pass that settles SAME settles NEW too, its ``depth`` the
+source's row order (``_new_in_order``). A message the rounds never reach has a missing parent or a cycle: the
 source is refused. Owned rows (the dag format's ``message_parts``,
 ``owned.py``) are copied with their message, in its transaction.
 """
@@ -65,7 +67,9 @@ def plan(run: SourceMerge, table: Table) -> None:
     if run.thin:
         _boundary(run, table)
     total = run.one("SELECT count(*) FROM temp.src_msg")
-    settled = _rounds(run, table, total)
+    settled = table.key is Key.HASH_MESSAGE and _new_in_order(run)
+    if not settled:
+        settled = _rounds(run, table, total)
     _refuse_unreached(run, total)
     _order_new(run, table, settled)
     counts = run.counts[table.name]
@@ -95,7 +99,6 @@ def _read_source(run: SourceMerge, table: Table) -> None:
         "CREATE TEMP TABLE msg_map (src TEXT PRIMARY KEY, dst TEXT NOT NULL, parent TEXT NOT NULL, "
         "depth INTEGER NOT NULL, kind INTEGER NOT NULL) WITHOUT ROWID"
     )
-    run.conn.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
     # Where messages were mapped onto another row (few): see _rounds' twin search.
     run.conn.execute(f"CREATE INDEX temp.msg_map_moved ON msg_map (dst) WHERE kind IN ({MAPPED}, {BOUNDARY})")
     run.conn.execute(f"INSERT INTO temp.msg_map VALUES ('{TOP}', '{TOP}', '{TOP}', 0, 0)")
@@ -108,22 +111,46 @@ def _settle_unchanged(run: SourceMerge, table: Table) -> None:
     key, parent = run.fmt.message_key, run.fmt.parent_column
     # The role is compared too: the hash stands for it, so the same hash with
     # another role means one file is damaged - left to the rounds, which name it.
+    # In key order, so the lookups walk the target's key index in order too.
+    run.conn.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
     if table.key is Key.DAG_MESSAGE:
         unchanged = f"coalesce(t.{parent}, '{TOP}') = s.parent_id AND t.content_hash IS s.hash AND t.role IS s.role"
+        select = f"s.id, s.id, s.parent_id, 0, {SAME} FROM temp.src_msg s JOIN main.messages t ON t.{key} = s.id"
     else:
         # The hash covers the parent: the same hash is the same message. (Its
         # role is compared in a thread, shared.SharedContent: reading it here
-        # would cost a row read per message on every re-merge.)
+        # would cost a row read per message on every re-merge.) What the
+        # target lacks is new, as itself, in the same pass, its depth the
+        # source's row order - if that order puts parents first
+        # (_new_in_order); else the rounds settle it.
         unchanged = "1"
-    # In key order, so the lookups walk the target's key index in order too.
-    run.conn.execute("CREATE UNIQUE INDEX temp.src_msg_id ON src_msg (id)")
+        select = (
+            f"s.id, s.id, s.parent_id, CASE WHEN t.{key} IS NULL THEN s.rid ELSE 0 END, "
+            f"CASE WHEN t.{key} IS NULL THEN {NEW} ELSE {SAME} END "
+            f"FROM temp.src_msg s LEFT JOIN main.messages t ON t.{key} = s.id"
+        )
     for low, high in run.chunks("temp.src_msg", "id"):
         run.conn.execute(
-            f"INSERT INTO temp.msg_map SELECT s.id, s.id, s.parent_id, 0, {SAME} FROM temp.src_msg s "
-            f"JOIN main.messages t ON t.{key} = s.id WHERE s.id BETWEEN ? AND ? AND {unchanged} "
-            "ORDER BY s.id",
+            f"INSERT INTO temp.msg_map SELECT {select} WHERE s.id BETWEEN ? AND ? AND {unchanged} ORDER BY s.id",
             (low, high),
         )
+
+
+def _new_in_order(run: SourceMerge) -> bool:
+    """Hash messages: whether each new message's parent is the target's, or
+    new and earlier in the source (its depth, ``_settle_unchanged``). Then
+    they are settled as they are: no dangling parent, no cycle, parents
+    first. Else they are unsettled again, for the rounds (which name a
+    dangling parent or a cycle)."""
+    out_of_order = run.one(
+        "SELECT 1 FROM temp.msg_map c WHERE c.kind = ? AND NOT EXISTS (SELECT 1 FROM temp.msg_map p "
+        "WHERE p.src = c.parent AND (p.kind != ? OR p.depth < c.depth)) LIMIT 1",
+        (NEW, NEW),
+    )
+    if out_of_order is None:
+        return True
+    run.conn.execute("DELETE FROM temp.msg_map WHERE kind = ?", (NEW,))
+    return False
 
 
 def _boundary(run: SourceMerge, table: Table) -> None:
@@ -162,8 +189,8 @@ def _boundary(run: SourceMerge, table: Table) -> None:
 def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
     """Settle the rest, a level at a time out from what is settled; True when
     each new message's parent is earlier in the source or held by the target
-    (settled without rounds in the hash format, by descendants.rest_new in the dag
-    format)."""
+    (descendants.rest_new, dag format; the hash format gets here only when
+    that does not hold: _new_in_order)."""
     c = run.conn
     key, parent = run.fmt.message_key, run.fmt.parent_column
     if table.key is Key.DAG_MESSAGE:
@@ -188,6 +215,9 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         "id_exists INTEGER, id_parent TEXT, id_hash TEXT, id_role TEXT)"
     )
     c.execute("CREATE INDEX temp.lvl_identity ON lvl (p, hash)")
+    # Each round reads the one before it; made here, after the first pass
+    # (hash messages' depths, the source's row order, would be random inserts).
+    c.execute("CREATE INDEX temp.msg_map_depth ON msg_map (depth)")
     # "depth" counts rounds out from what is settled: a row's parent is
     # always settled a round before it, so round order is parents first.
     depth, done = 0, run.one("SELECT count(*) FROM temp.msg_map") - 1
@@ -198,21 +228,14 @@ def _rounds(run: SourceMerge, table: Table, total: int) -> bool:
         "CREATE TEMP TABLE unsettled AS SELECT s.rid, s.id, s.parent_id, s.hash, s.role FROM temp.src_msg s "
         "WHERE NOT EXISTS (SELECT 1 FROM temp.msg_map m WHERE m.src = s.id) ORDER BY s.id"
     )
-    in_order = descendants.in_order(run)
-    settled = table.key is Key.HASH_MESSAGE and in_order
-    if settled:
-        # Keyed by identity: what the target lacks is new, as itself, and
-        # the source's order already puts parents first. No rounds needed
-        # (the rounds are also what name a dangling parent or a cycle).
-        c.execute(f"INSERT INTO temp.msg_map SELECT id, id, parent_id, 1, {NEW} FROM temp.unsettled ORDER BY id")
-    # A new message's descendants are new; only the hash format, whose key
-    # is the identity, settles them without rounds. In the dag format, the
-    # rounds look up only the children of messages the target holds, and
-    # settle the rest at the end (descendants.rest_new) when the source is in
-    # order without twins; else each round's new messages' descendants at
-    # once (descendants.below_new).
+    # A new message's descendants are new. In the dag format, the rounds
+    # look up only the children of messages the target holds, and settle
+    # the rest at the end (descendants.rest_new) when the source is in order
+    # without twins; else each round's new messages' descendants at once
+    # (descendants.below_new).
     dag = table.key is Key.DAG_MESSAGE
-    rest_new = dag and in_order and not descendants.twins(run)
+    settled = False
+    rest_new = dag and descendants.in_order(run) and not descendants.twins(run)
     below_new = dag and not rest_new
     frontier = False  # a round of every unsettled message whose parent is settled
     while not settled:
@@ -323,9 +346,12 @@ def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
     # time (and it is the order of the ids, so inserts land near each other
     # in every index); where it is not, depth order is.
     if settled and table.key is Key.HASH_MESSAGE:
-        # Without rounds: every unsettled message is new, and
-        # descendants.in_order found each one's parent settled or earlier.
-        c.execute("INSERT INTO temp.msg_new (src, parent) SELECT id, parent_id FROM temp.unsettled ORDER BY rid")
+        # Without rounds: _new_in_order found each new message's parent
+        # held by the target or earlier in the source (its depth).
+        c.execute(
+            "INSERT INTO temp.msg_new (src, parent) SELECT src, parent FROM temp.msg_map WHERE kind = ? ORDER BY depth",
+            (NEW,),
+        )
     else:
         # Settled in order (descendants.rest_new): each new message's parent is
         # earlier, or a message the target holds.

@@ -155,6 +155,7 @@ def _candidates(run: SourceMerge, table: Table) -> None:
     """``temp.cand``: for each undecided row, the row itself and its earlier forks, with their heads."""
     c = run.conn
     c.execute("CREATE TEMP TABLE cand (key TEXT NOT NULL, row TEXT NOT NULL, head TEXT)")
+    c.execute("CREATE INDEX temp.cand_row ON cand (key, row)")  # a row's candidates, looked up by key
     c.execute("INSERT INTO temp.cand SELECT key, key, t_head FROM temp.ptr WHERE verdict IS NULL")
     if bookkeeping.has(c, "_dagsync_forks"):
         c.execute(
