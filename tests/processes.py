@@ -52,8 +52,9 @@ def run_endless(conn: apsw.Connection, start: Callable[[], subprocess.Popen], wr
 # transactions of DAGSYNC_TEST_MODE - "short" (as when another process has
 # the file open), "long" (steps of a long transaction, committed at every
 # step's end) or "whole" (one long transaction); and prints a line for every
-# event - each progress report the script passes to ``event``, and each write
-# step's start (inside its transaction) and end. At event number
+# event - each progress report the script passes to ``event`` (at once, even
+# inside a transaction), and each write step's start (inside its transaction)
+# and end. At event number
 # DAGSYNC_TEST_STOP_AT it stops, so that the kill lands exactly there.
 STOPPABLE = r"""
 import contextlib as _contextlib, os as _os, time as _time
@@ -83,6 +84,12 @@ def _announced(self):
     event("step: done")
 
 _writer.Writer.transaction = _announced
+
+# Every progress report is an event, in a transaction or not: the writer holds
+# back reports while a transaction is open, and how many it folds into one
+# depends on when a helper thread (the message proofs) lets it commit, so a
+# run's events would vary with the machine's load.
+_writer.Writer.progress = lambda self, phase, done, total: self._on_progress(phase, done, total)
 """
 MODES = ("short", "long", "whole")
 
