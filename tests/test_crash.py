@@ -38,7 +38,8 @@ def expected(tmp_path_factory, machines) -> dict:
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory, machines) -> dict[str, int]:
-    """How many events an uninterrupted run has, by mode (the same every time: chunks are fixed)."""
+    """How many events an uninterrupted run has, by mode (the same every time:
+    chunks are fixed, and every progress report is an event)."""
     counts = {}
     for mode in MODES:
         target = tmp_path_factory.mktemp("count") / "target.db"
@@ -72,6 +73,27 @@ def test_a_killed_merge_leaves_a_consistent_target_that_a_rerun_completes(
     assert logical(target) == expected
     assert integrity(target) == []
     assert merge(target, [machines[1]]).sources[0].written == 0
+
+
+# Holds the message proofs back (they gate every commit) for SLOW_PROOFS seconds.
+SLOW_PROOFS = """
+import os as _os2, time as _time2
+import dagsync.merge.proofs as _proofs
+_prove = _proofs.MessageProofs._prove
+def _slow_prove(self, conn):
+    _time2.sleep(float(_os2.environ["SLOW_PROOFS"]))
+    return _prove(self, conn)
+_proofs.MessageProofs._prove = _slow_prove
+"""
+
+
+def test_a_runs_events_do_not_depend_on_when_its_commits_may_happen(tmp_path, machines, events, monkeypatch):
+    # On a loaded machine the proofs end late, and a long transaction's steps
+    # go on uncommitted meanwhile: the kill points must be the same events.
+    monkeypatch.setenv("SLOW_PROOFS", "2")
+    target = tmp_path / "target.db"
+    shutil.copyfile(machines[0], target)
+    assert len(events_of(SLOW_PROOFS + MERGE, [str(target), str(machines[1])], "long")) == events["long"]
 
 
 def test_a_kill_while_creating_a_new_target(tmp_path, machines):
