@@ -47,6 +47,22 @@ fmt, path, stop, pool_file, out, seed = sys.argv[1:7]
 rng = random.Random(int(seed))
 conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
 
+# Where a failure happened, said after its traceback: a refusal at once
+# after a read means another process held the write lock as this one began
+# writing (SQLite does not wait then); one after 5 s, a lock held too long.
+where = {}
+def said(kind, exc, tb):
+    import traceback
+    traceback.print_exception(kind, exc, tb)
+    if where:
+        print(
+            f"in round {where['round']} ({where['kind']}), transaction {where['transaction']}, "
+            f"{time.monotonic() - where['began']:.3f} s after its BEGIN, "
+            + ("after a read" if where["read"] else "no read before"),
+            file=sys.stderr,
+        )
+sys.excepthook = said
+
 if fmt == "dag":
     from dagsync.canonical import content_hash
     from dagsync.message import Message, TextPart
@@ -101,7 +117,10 @@ else:
 
 
 def stored(key):
-    return key is None or conn.execute(f"SELECT 1 FROM messages WHERE {KEY} = ?", (key,)).fetchone() is not None
+    if key is None:
+        return True
+    where["read"] = True
+    return conn.execute(f"SELECT 1 FROM messages WHERE {KEY} = ?", (key,)).fetchone() is not None
 
 
 heads = {}  # conversation -> its tip
@@ -117,6 +136,7 @@ while not os.path.exists(stop):
     cid = rng.choice(sorted(heads)) if kind == "extend" else f"writer-{fmt}-{n:05d}"
     # 1. The chain, in one transaction; nothing points at it yet.
     conn.execute("BEGIN")
+    where.update(round=n, kind=kind, transaction=1, began=time.monotonic(), read=False)
     if kind == "extend":
         parent = heads[cid]
         assert stored(parent), f"the tip of {cid} is gone"
@@ -137,6 +157,7 @@ while not os.path.exists(stop):
     # 2. A moment later, the conversation, in a second transaction.
     time.sleep(rng.uniform(0.02, 0.1))
     conn.execute("BEGIN")
+    where.update(transaction=2, began=time.monotonic(), read=True)
     head = conn.execute(f"SELECT {POINTER} FROM {CONVERSATIONS} WHERE id = ?", (cid,)).fetchone()
     if kind == "extend":
         assert head == (heads[cid],), f"{cid} points at {head}, not at {heads[cid]}"
