@@ -54,8 +54,8 @@ def run_endless(conn: apsw.Connection, start: Callable[[], subprocess.Popen], wr
 # step's end) or "whole" (one long transaction); and prints a line for every
 # event - each progress report the script passes to ``event`` (at once, even
 # inside a transaction), and each write step's start (inside its transaction)
-# and end. At event number
-# DAGSYNC_TEST_STOP_AT it stops, so that the kill lands exactly there.
+# and end. At event number DAGSYNC_TEST_STOP_AT it stops, so that the kill
+# lands exactly there.
 STOPPABLE = r"""
 import contextlib as _contextlib, os as _os, time as _time
 import dagsync.transactions as _transactions
@@ -85,10 +85,9 @@ def _announced(self):
 
 _writer.Writer.transaction = _announced
 
-# Every progress report is an event, in a transaction or not: the writer holds
-# back reports while a transaction is open, and how many it folds into one
-# depends on when a helper thread (the message proofs) lets it commit, so a
-# run's events would vary with the machine's load.
+# The writer holds back reports while a transaction is open, and how many it
+# folds into one depends on when the message proofs (a thread) let it commit:
+# the events would vary with the machine's load.
 _writer.Writer.progress = lambda self, phase, done, total: self._on_progress(phase, done, total)
 """
 MODES = ("short", "long", "whole")

@@ -51,9 +51,9 @@ conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
 # after a read means another process held the write lock as this one began
 # writing (SQLite does not wait then); one after 5 s, a lock held too long.
 where = {}
-def said(kind, exc, tb):
+def said(exc_type, exc, tb):
     import traceback
-    traceback.print_exception(kind, exc, tb)
+    traceback.print_exception(exc_type, exc, tb)
     if where:
         print(
             f"in round {where['round']} ({where['kind']}), transaction {where['transaction']}, "
