@@ -1,29 +1,26 @@
-"""What other processes are doing with a database file: holding its locks, having it open.
+"""What other processes are doing with a database file: having it open, opening it.
 
 dagsync writes in short exclusive transactions so that a running llm, which
-waits at most 5 s for a lock, never fails (see ``db.write_transaction``). Two
-questions decide how polite a write must be:
+waits at most 5 s for a lock, never fails (see ``transactions``). Whether
+another process holds the file's locks is ``locks``' question; here:
 
-* ``holds_lock``: is another process inside a transaction on the file right
-  now? Then taking the write lock is not even tried (trying holds RESERVED
-  and PENDING for a moment, which refuses an llm that is about to write).
 * ``may_be_waiting``: could another process be waiting for our lock? Only a
   process that has the file open can. If none has, the pause after each
   commit that lets a waiting llm in is time thrown away.
 
 And one alarm: ``OpenAlarm`` calls back, from its own thread, the moment
 another process opens the file, so that a long transaction taken while
-nobody else had it open can step aside at once (``db.long_transactions``).
+nobody else had it open can step aside at once
+(``transactions.long_transactions``).
 
 inotify does not say who opened a file, and a merge's own helper threads
 open its target to read it. They open it inside ``own_open``: an open the
 watch hears while one of ours is under way counts only if the process
 table then shows another process with the file open (``_open_elsewhere``).
 
-Both read what the kernel knows (Linux: ``/proc/locks``, ``/proc/<pid>/fd``,
-inotify). Where it cannot be read, the answers are the safe ones: nobody
-holds a lock (so it is simply tried, SQLite still refuses it when held), and
-somebody may be waiting (so the pause is kept).
+Both read what the kernel knows (Linux: ``/proc/<pid>/fd``, inotify). Where
+it cannot be read, the answer is the safe one: somebody may be waiting (so
+the pause is kept).
 """
 
 from __future__ import annotations
@@ -36,45 +33,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["OpenAlarm", "holds_lock", "may_be_waiting", "own_open"]
-
-# SQLite's unix VFS locks these bytes of the database file with POSIX
-# advisory locks (os_unix.c): PENDING, RESERVED, then the 510-byte SHARED range.
-_PENDING_BYTE = 0x40000000
-_LOCK_LAST = _PENDING_BYTE + 2 + 510 - 1
-
-
-def holds_lock(path: str) -> bool:
-    """Whether another process holds any SQLite lock on the file at ``path``.
-
-    Read from the kernel's list of held locks (Linux ``/proc/locks``) rather
-    than asked with ``fcntl(F_GETLK)``: that needs a descriptor of the file,
-    and closing any descriptor of a file drops every POSIX lock this process
-    holds on it, SQLite's own included. Where the list cannot be read (not
-    Linux, an in-memory database), the answer is no.
-    """
-    if not path:
-        return False
-    try:
-        st = os.stat(path)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            held = f.read().splitlines()
-    except OSError:
-        return False
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    me = str(os.getpid())
-    for line in held:
-        fields = line.split()
-        # "1: POSIX  ADVISORY  READ 5666 fe:00:2148082 1073741826 1073742335";
-        # a waiter's line has "->" after the number: it holds nothing yet.
-        if len(fields) < 8 or fields[1] == "->" or fields[5] != ident or fields[4] == me:
-            continue
-        start, end = fields[6], fields[7]
-        if not start.isdigit():
-            continue
-        if int(start) <= _LOCK_LAST and (end == "EOF" or (end.isdigit() and int(end) >= _PENDING_BYTE)):
-            return True
-    return False
+__all__ = ["OpenAlarm", "may_be_waiting", "own_open"]
 
 
 def may_be_waiting(path: str) -> bool:

@@ -8,7 +8,9 @@ So every write transaction dagsync takes:
 
 * takes the lock EXCLUSIVE, so while it writes llm cannot even begin reading
   and its busy timeout makes it wait instead of failing;
-* never waits for the lock while holding part of it (``run_without_waiting``);
+* never waits for the lock while holding part of it (``run_without_waiting``),
+  and takes it PENDING first, never holding RESERVED while another process
+  reads (``locks.pending_first``);
 * pauses after its commit while someone may be waiting for the lock;
 * and, while no other process has the file open, may be a step of one long
   transaction instead (``long_transactions``), given up the moment another
@@ -31,7 +33,7 @@ from typing import Protocol
 
 import apsw
 
-from dagsync import others
+from dagsync import locks, others
 
 __all__ = [
     "Gate", "OpenedMeanwhile", "gated", "long_transactions", "patient", "run_without_waiting", "write_transaction",
@@ -90,8 +92,9 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
     * The lock is taken EXCLUSIVE: while we write, llm cannot even start
       reading, and its busy timeout makes it wait instead of failing.
     * It is never waited for while held in part: it is tried with no busy
-      timeout, and if a reader is active we let go and try again later, so
-      a reader half-way to writing finishes first (``run_without_waiting``).
+      timeout, PENDING first, and if a reader is active we let go and try
+      again later, so a reader half-way to writing finishes first
+      (``run_without_waiting``).
     * After each commit we pause for a quarter of the transaction's length
       (at most 0.1 s): a waiting llm, sleeping in steps of at most 100 ms,
       gets its turn before our next transaction. The pause is skipped while
@@ -308,24 +311,29 @@ def run_without_waiting(conn: apsw.Connection, sql: str) -> None:
     """Run a statement that takes the write lock (``BEGIN EXCLUSIVE``, ``VACUUM``)
     with no busy timeout inside SQLite, retrying on our side (see ``write_transaction``).
 
-    It is not even tried while another process holds a lock on the file: a
-    try takes RESERVED and PENDING for a moment before it finds the reader
-    and lets go, and an llm reader that tries to start writing in that
-    moment is refused at once ("database is locked"), busy timeout or not.
+    A plain try takes RESERVED and PENDING for a moment before it finds a
+    reader and lets go, and an llm reader that tries to start writing in
+    that moment is refused at once ("database is locked"), busy timeout or
+    not. So the lock is taken PENDING first, never through RESERVED while a
+    reader is there (``locks.pending_first``), and the statement then finds
+    it held.
     """
     conn.set_busy_timeout(0)
     try:
-        _retry_busy(conn, sql, first_delay=0.005, idle=lambda: not others.holds_lock(conn.filename))
+        _retry_busy(conn, sql, first_delay=0.005, guard=lambda: locks.pending_first(conn))
     finally:
         patient(conn)
 
 
 def _retry_busy(
-    conn: apsw.Connection, sql: str, first_delay: float = 0.01, idle: Callable[[], bool] = lambda: True
+    conn: apsw.Connection,
+    sql: str,
+    first_delay: float = 0.01,
+    guard: Callable[[], contextlib.AbstractContextManager[bool]] = lambda: contextlib.nullcontext(True),
 ) -> None:
     """Run ``sql`` until the database is not busy, backing off, for WRITE_RETRY_SECONDS.
 
-    ``sql`` is only tried when ``idle()`` says so (and always at the deadline).
+    ``sql`` is run inside ``guard()``, and only when it says so (always at the deadline).
     """
     started = time.monotonic()
     deadline = started + WRITE_RETRY_SECONDS
@@ -335,9 +343,10 @@ def _retry_busy(
             said = True
             waiting(conn.filename)
         try:
-            if idle() or time.monotonic() > deadline:
-                conn.execute(sql)
-                return
+            with guard() as clear:
+                if clear or time.monotonic() > deadline:
+                    conn.execute(sql)
+                    return
         except apsw.BusyError:
             if time.monotonic() > deadline:
                 raise

@@ -217,24 +217,6 @@ def test_a_new_file_under_an_old_name_gets_a_new_look(db, tmp_path):
     assert not others.may_be_waiting(str(db))
 
 
-def test_a_lock_is_seen_while_held_and_not_after(db):
-    assert not others.holds_lock(str(db))
-    holder = hold(db, "in a transaction")
-    try:
-        assert others.holds_lock(str(db))
-    finally:
-        holder.kill()
-        holder.wait()
-    assert not others.holds_lock(str(db))
-    # An open file without a transaction holds no lock.
-    holder = hold(db)
-    try:
-        assert not others.holds_lock(str(db))
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 def test_write_transactions_pause_only_when_someone_may_be_waiting(db, monkeypatch):
     pauses: list[float] = []
     real_sleep = time.sleep
