@@ -7,6 +7,7 @@ never refused; while we hold PENDING, nobody can begin reading.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import sqlite3
@@ -220,3 +221,28 @@ def test_only_a_rollback_journal_file_of_sqlites_unix_vfs_is_taken_pending_first
     wal = apsw.Connection(str(tmp_path / "wal.db"))
     wal.execute("PRAGMA journal_mode = WAL")
     assert locks._unix_file(wal) is None
+
+
+@pytest.mark.parametrize(
+    ("exclusive", "clear"),
+    [(apsw.SQLITE_BUSY, False), (apsw.SQLITE_IOERR_LOCK, True)],
+    ids=["busy: later", "an error: the statement meets it and names it"],
+)
+def test_what_the_vfs_answers_decides_the_try_and_nothing_stays_held(db, monkeypatch, exclusive, clear):
+    calls: list[tuple[str, int]] = []
+
+    def lock(_file, level):
+        calls.append(("lock", level))
+        return exclusive if level == apsw.SQLITE_LOCK_EXCLUSIVE else apsw.SQLITE_OK
+
+    def unlock(_file, level):
+        calls.append(("unlock", level))
+        return apsw.SQLITE_OK
+
+    methods = locks._IoMethods(iVersion=1, xLock=locks._IoMethods._LOCK(lock), xUnlock=locks._IoMethods._LOCK(unlock))
+    file = locks._File(pMethods=ctypes.pointer(methods))
+    monkeypatch.setattr(locks, "_unix_file", lambda conn: ctypes.pointer(file))
+    with locks.pending_first(apsw.Connection(str(db))) as told:
+        assert told is clear
+    assert calls[:2] == [("lock", apsw.SQLITE_LOCK_SHARED), ("lock", apsw.SQLITE_LOCK_EXCLUSIVE)]
+    assert set(calls[2:]) == {("unlock", apsw.SQLITE_LOCK_NONE)}
