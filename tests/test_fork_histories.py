@@ -239,3 +239,27 @@ def test_two_branches_that_begin_alike_and_part_later_keep_a_row_each():
         heads = alpaca_heads(target)
         assert sorted(heads.values()) == sorted([p, q, k])
         assert integrity(target) == [] and verify(target).problems == ()
+
+
+def test_a_branch_already_on_a_longer_fork_row_adds_no_row():
+    """The source went on from the target's branch ("m", then "p") and then took
+    a newer branch from a third file onto the conversation, forking its own
+    branch at "m". Merged into the target, whose branch ends at "m": the
+    source's branch is newer, and the target's branch to fork is on the chain
+    of the source's fork row already. That row arrives as it is, at "p", and
+    no third row is added for "m"."""
+    with machines() as (files, clock):
+        target, source, third = files
+        m = go_on(target, clock, "m")
+        shutil.copyfile(target, source)
+        p = go_on(source, clock, "p")
+        k = go_on(third, clock, "k")
+        merge(source, [third])
+        assert sorted(alpaca_heads(source).values()) == sorted([k, p])
+        report = merge(target, [source])
+        (fork,) = report.sources[0].forks
+        assert fork.side == "target"
+        assert alpaca_heads(target) == alpaca_heads(source)
+        assert p.startswith(m + "/")
+        assert integrity(target) == [] and verify(target).problems == ()
+        assert writes(sync(target, source)) == 0

@@ -39,6 +39,9 @@ came from), so two files that merge each other in either order, or
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from dagsync import bookkeeping
 from dagsync.formats import Table
 from dagsync.merge.core import SourceMerge
@@ -154,35 +157,63 @@ def starts(run: SourceMerge, table: Table, fork: int) -> dict[str, str]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def taken(run: SourceMerge, table: Table, original: str, fork_key: str, tip: str, from_src: bool) -> str:
-    """Whether a row keyed ``fork_key`` is there already, for the fork of ``original``
-    that will hold the branch at ``tip`` (target keys; the source's branch if
-    ``from_src``): ``"free"`` (no such row), ``"behind"`` (its head is on the
-    branch's chain: the fork moves it on), ``"ahead"`` (its chain holds the
-    tip: nothing to add), else ``"other"`` (another branch, parted from this
-    one after the start they share). Call after ``starts``.
+def taken(run: SourceMerge, table: Table, forks: list[tuple[str, str, str, bool]]) -> dict[str, tuple[str, Any]]:
+    """Whether a row keyed ``fork_key`` is there already, for each fork
+    (``original``, ``fork_key``, ``tip``, ``from_src``) of ``original`` that
+    will hold the branch at ``tip`` (target keys; the source's branch if
+    ``from_src``): ``original`` -> (``"free"`` (no such row), ``"behind"``
+    (its head is on the branch's chain: the fork moves it on), ``"ahead"``
+    (its chain holds the tip: nothing to add), else ``"other"`` (another
+    branch, parted from this one after the start they share); that row's
+    name). The target's row if it has one, else the source's. All forks in
+    a few statements, not a few each. Call after ``starts``.
     """
+    if not forks:
+        return {}
     c = run.conn
     name, key, pointer = table.name, table.natural_key[0], table.pointer
+    named = '"name"' if "name" in run.columns[name] else "NULL"
     mkey, parent, root = run.fmt.message_key, run.fmt.parent_column, run.fmt.root_id
     not_root = f"m.{mkey} != '{root}'" if root else "1"
-    for schema, bound in (("main", ""), ("src", f" AND rowid <= {run.bounds.get(name, 0)}")):
-        for (head,) in c.execute(f'SELECT "{pointer}" FROM {schema}."{name}" WHERE "{key}" = ?{bound}', (fork_key,)):
-            chain = "schain" if from_src else "tchain"
-            if schema == "main":
-                held, follow, above = "?2", f"JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}", f"m.{parent}"
-                here = "up.cur"
-            else:
-                (follow, above), held, here = step_up(run), in_target(run, "?2"), in_target(run, "up.cur")
-            if run.one(f"SELECT 1 FROM temp.{chain} WHERE key = ?1 AND msg = {held}", (original, head)):
-                return "behind"
-            ahead = run.one(
-                f"WITH RECURSIVE up(cur) AS (SELECT ?1 UNION SELECT {above} FROM up {follow}) "
-                f"SELECT 1 FROM up WHERE {here} = ?2 LIMIT 1",
-                (head, tip),
-            )
-            return "ahead" if ahead else "other"
-    return "free"
+    c.execute(
+        "CREATE TEMP TABLE taking (original TEXT PRIMARY KEY, fork_key TEXT NOT NULL, tip TEXT, "
+        "from_src INTEGER NOT NULL, found TEXT, head TEXT, name TEXT, held TEXT) WITHOUT ROWID"
+    )
+    c.execute(
+        "INSERT INTO temp.taking (original, fork_key, tip, from_src) SELECT value ->> 0, value ->> 1, "
+        "value ->> 2, value ->> 3 FROM json_each(?)",
+        (json.dumps([[o, f, t, int(s)] for o, f, t, s in forks]),),
+    )
+    for schema, bound in (("main", ""), ("src", f" AND x.rowid <= {run.bounds.get(name, 0)}")):
+        c.execute(
+            f"UPDATE temp.taking SET found = ?, (head, name) = (SELECT x.\"{pointer}\", x.{named} "
+            f'FROM {schema}."{name}" x WHERE x."{key}" = taking.fork_key{bound}) '
+            f'WHERE found IS NULL AND EXISTS (SELECT 1 FROM {schema}."{name}" x WHERE x."{key}" = taking.fork_key{bound})',
+            (schema,),
+        )
+    # Behind: the row's head is on the branch's chain (in the target's keys).
+    for schema, held in (("main", "taking.head"), ("src", in_target(run, "taking.head"))):
+        c.execute(
+            f"UPDATE temp.taking SET held = 'behind' WHERE found = '{schema}' AND EXISTS (SELECT 1 FROM temp.schain "
+            f"WHERE from_src AND key = taking.original AND msg = {held} UNION ALL SELECT 1 FROM temp.tchain "
+            f"WHERE NOT from_src AND key = taking.original AND msg = {held})"
+        )
+    # Ahead: the row's chain holds the tip.
+    follow, above = step_up(run)
+    for schema, follow, above, here in (
+        ("main", f"JOIN main.messages m ON m.{mkey} = up.cur WHERE {not_root}", f"m.{parent}", "up.cur"),
+        ("src", follow, above, in_target(run, "up.cur")),
+    ):
+        c.execute(
+            f"UPDATE temp.taking SET held = 'ahead' WHERE original IN (WITH RECURSIVE up(k, cur, tip) AS "
+            f"(SELECT original, head, tip FROM temp.taking WHERE found = '{schema}' AND held IS NULL "
+            f"UNION SELECT up.k, {above}, up.tip FROM up {follow}) SELECT k FROM up WHERE {here} = up.tip)"
+        )
+    rows = c.execute(
+        "SELECT original, CASE WHEN found IS NULL THEN 'free' ELSE coalesce(held, 'other') END, name FROM temp.taking"
+    ).fetchall()
+    c.execute("DROP TABLE temp.taking")
+    return {original: (held, row_name) for original, held, row_name in rows}
 
 
 def plan(
@@ -250,10 +281,14 @@ def plan(
     # The fork rows this merge adds: a row of that key behind on the branch (copied
     # from the source first, or the target's) is the same row, moved on; one further
     # along keeps its head.
-    c.executemany("DELETE FROM temp.heads WHERE row = ?", [(f,) for _, f, _, _, replace in forks if replace])
-    c.executemany(
-        f"INSERT INTO temp.heads SELECT {family('?1')}, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = ?2)",
-        [(k, f, h, int(s)) for k, f, h, s, _ in forks],
+    c.execute(
+        "DELETE FROM temp.heads WHERE row IN (SELECT value FROM json_each(?))",
+        (json.dumps([f for _, f, _, _, replace in forks if replace]),),
+    )
+    c.execute(
+        f"INSERT INTO temp.heads SELECT {family('j.value ->> 0')}, j.value ->> 1, j.value ->> 2, j.value ->> 3 "
+        "FROM json_each(?) j WHERE NOT EXISTS (SELECT 1 FROM temp.heads WHERE row = j.value ->> 1)",
+        (json.dumps([[k, f, h, int(s)] for k, f, h, s, _ in forks]),),
     )
     _chains(run)
     # Each call, in either file, of a conversation in these families: to the row whose chain holds its tip.

@@ -28,6 +28,7 @@ exactly the chains it would have had.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -106,19 +107,24 @@ def plan(run: SourceMerge, table: Table) -> None:
     s_origin = origins.label_sql(run, "src", table, "p.key", "p.s_raw")
     t_origin = origins.label_sql(run, "main", table, "p.key", "p.t_head")
     starts = branches.starts(run, table, FORK)
-    planned = []
-    for original, verdict, s_head, t_head, s_name, t_name, s_label, t_label in c.execute(
+    rows = c.execute(
         f"SELECT p.key, p.verdict, p.s_head, p.t_head, s.{named}, t.{named}, {s_origin}, {t_origin} "
         f'FROM temp.ptr p JOIN src."{name}" s ON s."{key}" = p.key JOIN main."{name}" t ON t."{key}" = p.key '
         "WHERE p.verdict IN (?, ?)",
         (FORK, SWAP),
-    ).fetchall():
+    ).fetchall()
+    wanted = []
+    for original, verdict, s_head, t_head, *_ in rows:
+        head = s_head if verdict == FORK else t_head
+        wanted.append((original, _fork_key(original, starts.get(original) or head), head, verdict == FORK))
+    found = branches.taken(run, table, wanted)
+    planned = []
+    for (original, verdict, s_head, t_head, s_name, t_name, s_label, t_label), (_, fork_key, head, _) in zip(rows, wanted):
         if verdict == FORK:
-            side, head, label = "source", s_head, s_label or run.label
+            side, label = "source", s_label or run.label
         else:
-            side, head, label = "target", t_head, t_label or run.target_label
-        fork_key = _fork_key(original, starts.get(original) or head)
-        held = branches.taken(run, table, original, fork_key, head, verdict == FORK)
+            side, label = "target", t_label or run.target_label
+        held, row_name = found[original]
         if held == "other":
             # Another branch that begins where this one does already has that row
             # (the two parted later): this one is keyed by its tip.
@@ -126,14 +132,13 @@ def plan(run: SourceMerge, table: Table) -> None:
         fork_name = None if named == "NULL" else _fork_name(s_name if verdict == FORK else t_name, label)
         if held != "free" and fork_name is not None:
             # The branch's row is there already (this file's, or arriving from the source): its name stays.
-            fork_name = run.one(
-                f'SELECT "name" FROM main."{name}" WHERE "{key}" = ?1 '
-                f'UNION ALL SELECT "name" FROM src."{name}" WHERE "{key}" = ?1 LIMIT 1',
-                (fork_key,),
-            ) or fork_name
+            fork_name = row_name or fork_name
         run.forks.append(ForkReport(name, original, fork_key, fork_name, head, side))
         planned.append((original, fork_key, head, verdict, label, held))
-    c.executemany("UPDATE temp.ptr SET fork = ?, label = ? WHERE key = ?", [(f, lb, k) for k, f, _, _, lb, _ in planned])
+    c.execute(
+        "UPDATE temp.ptr SET (fork, label) = (j.value ->> 1, j.value ->> 2) FROM json_each(?) j WHERE ptr.key = j.value ->> 0",
+        (json.dumps([[k, f, lb] for k, f, _, _, lb, _ in planned]),),
+    )
     raw_heads = dict(c.execute("SELECT key, s_raw FROM temp.ptr WHERE verdict = ?", (FORK,)).fetchall())
     branches.plan(
         run, table,
