@@ -260,9 +260,9 @@ def test_a_branch_already_on_a_longer_fork_row_adds_no_row():
         (fork,) = report.sources[0].forks
         assert fork.side == "target"
         assert alpaca_heads(target) == alpaca_heads(source)
-        # Every row and every call where the source has it: the "p" call is on
-        # the fork row, whose head stays at "p" (moved back to "m", that call
-        # would be on no row's chain).
+        # Every row and every call where the source has it. (This does not
+        # tell "ahead" from "behind": the "p" call is on the fork row either
+        # way - docs/merge.md, "Forks".)
         assert pointers_and_calls(target, DAG) == pointers_and_calls(source, DAG)
         assert p.startswith(m + "/")
         assert integrity(target) == [] and verify(target).problems == ()
