@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from dagsync import bookkeeping, faults
+from dagsync import bookkeeping, faults, fts
 from dagsync.backup import copy_database
 from dagsync.db import Database, open_target
 from dagsync.errors import DagsyncError
@@ -90,6 +90,8 @@ class PackReport:
     vacuum: VacuumReport | None
     seconds: float
     grew: str | None = None  # why the file is larger than before, if it is
+    # Full-text indexes over packed columns this run dropped (or would): unpack makes them again (fts).
+    dropped_indexes: tuple[str, ...] = ()
 
 
 @faults.named("path")
@@ -156,6 +158,7 @@ def pack(
             vacuum=vacuumed,
             seconds=round(time.perf_counter() - started, 3),
             grew=_why_larger(after - before, sum(c.packed for c in reports), vacuumed is not None),
+            dropped_indexes=tuple(run.dropped_indexes),
         )
     finally:
         db.close()
@@ -203,6 +206,7 @@ class _Pack:
         self.dict_hash: str | None = None
         self.dict_data: bytes | None = None
         self.source: str | None = None
+        self.dropped_indexes: list[str] = []
 
     def columns(self) -> list[PackedColumn]:
         present = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
@@ -238,13 +242,17 @@ class _Pack:
         )
         self.conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
         self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
+        # An index its triggers keep over a packed column would index references (fts).
+        self.dropped_indexes = [n for n in fts.over_packed(self.fmt, self.columns()) if bookkeeping.has(self.conn, n)]
         if self.dry_run:
             return
         wanted = {"pack_level": str(self.level), "pack_threshold": str(self.threshold), "pack_dict": self.dict_hash or ""}
-        if is_packed(self.conn) and all(meta(self.conn, k) == v for k, v in wanted.items()):
+        if is_packed(self.conn) and all(meta(self.conn, k) == v for k, v in wanted.items()) and not self.dropped_indexes:
             return  # packed already, with these settings: nothing to write
         with self.writer.transaction():
             bookkeeping.ensure(self.conn)
+            for name in self.dropped_indexes:
+                fts.drop(self.conn, self.fmt, name)
             self.conn.execute(DDL)
             if self.dict_data:
                 self.conn.execute("INSERT OR IGNORE INTO blob_dicts (hash, data) VALUES (?, ?)", (self.dict_hash, self.dict_data))

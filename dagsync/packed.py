@@ -315,12 +315,14 @@ def register_functions(conn: apsw.Connection) -> None:
     """``dagsync_unpack(value, holds)`` and ``dagsync_unpack_src(...)``: a value with any
     blob reference resolved, from the main database or the attached ``src``;
     ``dagsync_blob(hash, dict, data, size)``: the proven payload of a row of main's
-    ``blobs`` (for a statement that joins the store rather than look each blob up)."""
+    ``blobs`` (for a statement that joins the store rather than look each blob up);
+    ``dagsync_sha256(bytes)``: the key a payload's blob has."""
     for name, schema in (("dagsync_unpack", "main"), ("dagsync_unpack_src", "src")):
         store = Blobs(conn, schema)
         # Exact bytes: callers CAST them AS TEXT for a text column, byte for byte.
         conn.create_scalar_function(name, store.resolve_bytes, 2, deterministic=False)
     conn.create_scalar_function("dagsync_blob", Blobs(conn).payload_of, 4, deterministic=False)
+    conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
 
 
 def meta(conn: apsw.Connection, key: str, schema: str = "main") -> str | None:

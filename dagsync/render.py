@@ -178,6 +178,11 @@ def pack(r: PackReport) -> str:
         lines[-1] += f" (vacuum: {r.vacuum.mode})"
     if r.grew:
         lines.append(f"  {r.grew}")
+    if r.dropped_indexes:
+        lines.append(
+            f"  {'would drop' if r.dry_run else 'dropped'} the full-text index {', '.join(r.dropped_indexes)} "
+            "(it would index blob references); unpack makes it again"
+        )
     return "\n".join(lines)
 
 
@@ -188,7 +193,9 @@ def unpack(r: UnpackReport) -> str:
         f"{r.path}: {verb} {r.values:,} payload(s), {human_bytes(r.payload_bytes)}, from {r.blobs_removed:,} blob(s) "
         f"({r.format} format, {r.seconds:.1f}s)\n  file {human_bytes(r.file_bytes_before)} -> "
         f"{human_bytes(r.file_bytes_after)}{tail}"
-    )
+        + (f"\n  {'would make' if r.dry_run else 'made'} the full-text index {', '.join(r.rebuilt_indexes)} again"
+           if r.rebuilt_indexes else "")
+    )  # fmt: skip
 
 
 def marks(doc: dict) -> str:

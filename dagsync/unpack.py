@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dagsync import bookkeeping, faults
+from dagsync import bookkeeping, faults, fts
 from dagsync.db import Database, open_target
 from dagsync.errors import BlobError, DagsyncError
 from dagsync.formats import PackedColumn
@@ -53,6 +53,8 @@ class UnpackReport:
     file_bytes_after: int
     vacuum: VacuumReport | None
     seconds: float
+    # Full-text indexes pack had dropped, made again and filled (or that would be: fts).
+    rebuilt_indexes: tuple[str, ...] = ()
 
 
 @faults.named("path")
@@ -72,6 +74,7 @@ def unpack(
         writer = Writer(conn, progress, dry_run=dry_run)
         done = [0, 0]  # values, bytes: committed
         blobs = 0
+        rebuilt: list[str] = []
         present = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
         columns = [c for c in db.format.packed if c.table in present]
         if not is_packed(conn):
@@ -83,7 +86,12 @@ def unpack(
             _prove_references(writer, db, columns)
             writer.redo(lambda: [_unpack_column(writer, c, done) for c in columns], "unpacking it")
             blobs = next(iter(conn.execute("SELECT count(*) FROM blobs")))[0]
+            rebuilt = fts.dropped(conn)
             if not dry_run:
+                # Once every payload is back: the store goes only after, so a
+                # run cut short here is still a packed file that unpack finishes.
+                for name in rebuilt:
+                    writer.redo(functools.partial(fts.restore, writer, db.format, name), "indexing it")
                 with writer.transaction():
                     # Rows written meanwhile by a merge into this packed file are
                     # packed too: only drop the store when nothing refers to it.
@@ -92,11 +100,13 @@ def unpack(
                             raise DagsyncError(f"{path} gained packed rows while unpacking; run unpack again")
                     conn.execute("DROP TABLE blobs; DROP TABLE blob_dicts")
                     bookkeeping.rewritten(conn, "unpack")
-                    conn.execute("DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict')")
+                    conn.execute(
+                        "DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict', ?)", (fts.DROPPED,)
+                    )
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return UnpackReport(
             str(path), db.format.name, dry_run, done[0], done[1], blobs, before, os.path.getsize(path), vacuumed,
-            round(time.perf_counter() - started, 3),
+            round(time.perf_counter() - started, 3), tuple(rebuilt),
         )  # fmt: skip
     finally:
         db.close()

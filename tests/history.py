@@ -150,3 +150,30 @@ def contains(big: dict[str, object], small: dict[str, object]) -> list[str]:
             if lost_rows:
                 missing.append(f"{key}: {len(lost_rows)} lost, e.g. {lost_rows[:2]}")
     return missing
+
+
+def content_dump(path: Path, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """A file's schema and rows as llm sees them, for comparing two files that must hold the same.
+
+    Every schema object (as a set: a full-text index that unpack made again
+    comes later in ``sqlite_schema``), then every row of every table in
+    order, but of lines naming any of ``leave_out`` (dagsync's bookkeeping,
+    say). A full-text index is compared by what it indexes (``fts5vocab``:
+    every term of every document, column and offset) and its own check, not
+    by its shadow tables' pages, which depend on the order rows were indexed in.
+    """
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        indexes = [n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE sql LIKE 'CREATE VIRTUAL TABLE%USING FTS5%'")]
+        shadow = tuple(f'INSERT INTO "{n}_' for n in indexes)
+        lines = [
+            line for line in conn.iterdump()
+            if not any(t in line for t in leave_out) and not line.startswith(shadow)
+        ]  # fmt: skip
+        schema = sorted(line for line in lines if not line.startswith('INSERT INTO "'))
+        rows = [line for line in lines if line.startswith('INSERT INTO "')]
+        searched = []
+        for name in indexes:
+            conn.execute(f"INSERT INTO \"{name}\" (\"{name}\") VALUES ('integrity-check')")
+            conn.execute(f"CREATE VIRTUAL TABLE temp.\"vocab_{name}\" USING fts5vocab(main, '{name}', 'instance')")
+            searched += [f"{name}: {row}" for row in conn.execute(f'SELECT * FROM temp."vocab_{name}" ORDER BY 1, 2, 3, 4')]
+        return schema + rows + searched

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import shutil
@@ -17,8 +18,10 @@ from dagsync.blobs import PREFIX, pack
 from dagsync.unpack import unpack
 from dagsync.cli import app
 from dagsync.db import open_target
+from dagsync.formats.dag import DAG
 from dagsync.formats.llm import LLM
 from dagsync.gc import gc
+from dagsync.merkle import fragment_hash
 from dagsync.merge import merge
 from dagsync.message import Message, TextPart
 from dagsync.stats import stats
@@ -26,19 +29,16 @@ from dagsync.store import MessageStore
 from dagsync.verify import verify
 from fixtures import family, family_llm
 from tests import strategies
-from tests.history import logical
+from tests.history import content_dump, logical
 from tests.processes import MODES, kill_at
 
 MARKER_LOOKALIKE = PREFIX + "0" * 64  # a payload that merely looks like a reference
 
 
 def dump(path: Path) -> list[str]:
-    """Every row of every table, except dagsync's own bookkeeping (``_dagsync_*``) and the blob store."""
-    with sqlite3.connect(path) as conn:
-        return [
-            line for line in conn.iterdump()
-            if not any(t in line for t in ("_dagsync_", "blob_dicts", 'INTO "blobs"', "TABLE blobs"))
-        ]  # fmt: skip
+    """Every row of every table, except dagsync's own bookkeeping (``_dagsync_*``) and the blob store;
+    full-text indexes by what they index (``history.content_dump``)."""
+    return content_dump(path, ("_dagsync_", "blob_dicts", 'INTO "blobs"', "TABLE blobs"))
 
 
 # -- lossless, by hypothesis ------------------------------------------------------------
@@ -50,6 +50,15 @@ messages = st.builds(
     role=st.sampled_from(["user", "assistant"]),
     parts=st.lists(st.one_of(strategies.parts, st.builds(TextPart, text=texts)), max_size=4),
 )
+
+
+# Values llm's legacy tables may hold in a payload column: text (long, short,
+# empty, one that reads like a reference), NULL, and bytes (the other storage
+# class, which pack leaves alone).
+column_values = st.one_of(
+    st.none(), texts, st.just(""), st.binary(max_size=120).filter(lambda b: not b.startswith(PREFIX.encode()))
+)
+PROMPT = "a prompt that is also a message's text, so one blob " * 4
 
 
 @given(st.lists(st.lists(messages, min_size=1, max_size=4), min_size=1, max_size=4), st.booleans())
@@ -106,6 +115,121 @@ def test_llm_pack_then_unpack_is_the_identity(tmp_path_factory, parts, fragments
     assert dump(path) == before
 
 
+@given(
+    responses=st.lists(st.tuples(*[column_values] * 6), min_size=1, max_size=5),
+    turns=st.lists(st.tuples(column_values, column_values, column_values, column_values), max_size=4),
+    tools=st.lists(st.tuples(column_values, column_values), max_size=3),
+)
+def test_llm_pack_then_unpack_is_the_identity_on_the_turns_and_legacy_tables(tmp_path_factory, responses, turns, tools):
+    path = tmp_path_factory.mktemp("p") / "logs.db"
+    open_target(path, create=LLM).close()
+    with sqlite3.connect(path) as conn:
+        for n, values in enumerate([*responses, (PROMPT, None, PROMPT, None, None, None)]):
+            conn.execute(
+                "INSERT INTO responses (id, model, prompt, system, prompt_json, options_json, response, response_json) "
+                "VALUES (?, 'echo', ?, ?, ?, ?, ?, ?)",
+                (f"r{n}", *values),
+            )
+        for n, (options, response_json, prompt, response) in enumerate([*turns, (None, None, PROMPT, PROMPT)]):
+            conn.execute(
+                "INSERT INTO turns (id, model, options_json, response_json) VALUES (?, 'echo', ?, ?)", (f"u{n}", options, response_json)
+            )
+            conn.execute("INSERT INTO turn_search (turn_id, prompt, response) VALUES (?, ?, ?)", (f"u{n}", prompt, response))
+        for n, (arguments, output) in enumerate(tools):
+            conn.execute("INSERT INTO tool_calls (response_id, name, arguments, tool_call_id) VALUES ('r0', 't', ?, ?)", (arguments, f"k{n}"))
+            conn.execute("INSERT INTO tool_results (response_id, name, output, tool_call_id) VALUES ('r0', 't', ?, ?)", (output, f"k{n}"))
+    before = dump(path)
+    pack(path, threshold=73)
+    with sqlite3.connect(path) as conn:
+        # Both full-text indexes covered packed columns: both are gone, to come back with unpack.
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE '%_fts%'").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM blobs WHERE size = ?", (len(PROMPT),)).fetchone() == (1,)  # one blob, four places
+    packed = dump(path)
+    pack(path)
+    assert dump(path) == packed
+    unpack(path)
+    assert dump(path) == before  # the full-text indexes too, by what they index
+
+
+
+
+@given(
+    chains=st.lists(st.lists(messages, min_size=1, max_size=3), min_size=1, max_size=3),
+    responses=st.lists(st.tuples(*[column_values] * 6), min_size=1, max_size=6),
+    calls=st.lists(st.tuples(column_values, column_values), max_size=3),
+    tools=st.lists(st.tuples(column_values, column_values), max_size=4),
+    parts=st.lists(st.tuples(column_values, column_values), max_size=3),
+    fragments=st.lists(texts, max_size=3),
+    attachments=st.lists(contents, max_size=3),
+    dictionary=st.booleans(),
+)
+def test_dag_pack_then_unpack_is_the_identity_on_every_payload_column(
+    tmp_path_factory, chains, responses, calls, tools, parts, fragments, attachments, dictionary
+):
+    path = tmp_path_factory.mktemp("p") / "dag.db"
+    with MessageStore.open(path) as store:
+        heads = [store.save_chain(chain) for chain in [*chains, [Message(role="user", parts=[TextPart(text=PROMPT)])]]]
+        loaded = [store.load_chain(h) for h in heads]
+    with sqlite3.connect(path) as conn:
+        for n, values in enumerate([*responses, (PROMPT, None, PROMPT, None, None, None)]):
+            conn.execute(
+                "INSERT INTO responses (id, model, prompt, system, prompt_json, options_json, response, response_json) "
+                "VALUES (?, 'echo', ?, ?, ?, ?, ?, ?)",
+                (f"r{n}", *values),
+            )
+        for n, (prompt_json, response_json) in enumerate(calls):
+            conn.execute(
+                "INSERT INTO calls (id, model, started_at, prompt_json, response_json) VALUES (?, 'echo', '2026', ?, ?)",
+                (f"c{n}", prompt_json, response_json),
+            )
+        for n, (arguments, output) in enumerate(tools):
+            conn.execute("INSERT INTO tool_calls (response_id, name, arguments, tool_call_id) VALUES ('r0', 't', ?, ?)", (arguments, f"k{n}"))
+            conn.execute("INSERT INTO tool_results (response_id, name, output, tool_call_id) VALUES ('r0', 't', ?, ?)", (output, f"k{n}"))
+        for n, (content, content_json) in enumerate(parts):
+            conn.execute(
+                "INSERT INTO parts (response_id, direction, \"order\", content, content_json) VALUES ('r0', 'in', ?, ?, ?)",
+                (n, content, content_json),
+            )
+        for content in dict.fromkeys(fragments):
+            conn.execute("INSERT INTO fragments (hash, content) VALUES (?, ?)", (fragment_hash(content), content))
+        for content in dict.fromkeys(c for c in attachments if c):
+            conn.execute("INSERT INTO attachments (id, type, content) VALUES (?, 'x', ?)", (hashlib.sha256(content).hexdigest(), content))
+    before = dump(path)
+
+    pack(path, threshold=73, dictionary=dictionary)
+    with sqlite3.connect(path) as conn:
+        # Every payload of at least the threshold, in any column, is one blob:
+        # identical bytes in two tables or two columns are one.
+        inline = set()
+        for column in DAG.packed:
+            inline |= {
+                bytes(v) if isinstance(v, bytes) else v.encode("utf-8", "surrogatepass")
+                for (v,) in conn.execute(f'SELECT "{column.column}" FROM "{column.table}"') if v is not None
+            }  # fmt: skip
+        blobs = {h for (h,) in conn.execute("SELECT hash FROM blobs")}
+        referred = set()
+        for column in DAG.packed:
+            referred |= {
+                bytes(v)[len(PREFIX):].decode() if isinstance(v, bytes) else v[len(PREFIX):]
+                for (v,) in conn.execute(f'SELECT "{column.column}" FROM "{column.table}"')
+                if v is not None and len(v) == 72 and (bytes(v) if isinstance(v, bytes) else v.encode()).startswith(PREFIX.encode())
+                and (isinstance(v, bytes)) == (column.holds == "text")
+            }  # fmt: skip
+        assert blobs == referred
+        # The full-text index over the packed responses is dropped, not left to index references.
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'responses_fts%' OR name LIKE 'responses_a%'").fetchone() == (0,)
+    assert not any(v.startswith(PROMPT.encode()) for v in inline)  # the shared prompt is packed everywhere
+    with MessageStore.open(path) as store:
+        assert [store.load_chain(h) for h in heads] == loaded  # read transparently
+    assert verify(path).problems == ()
+    packed = path.read_bytes()
+    assert pack(path).payload_bytes == 0  # idempotent: nothing left to pack
+    assert path.read_bytes() == packed
+
+    unpack(path)
+    assert dump(path) == before  # the full-text index too, by what it indexes
+
+
 # -- merging packed and unpacked files --------------------------------------------------
 
 
@@ -114,7 +238,9 @@ def test_merging_packed_and_unpacked_files_in_any_combination_gives_the_same_con
     machines = [r.path for r in (family if fmt == "dag" else family_llm)(tmp_path / "fam", seed=9, machines=2, conversations=120)]
     results = {}
     for packed_target, packed_source in itertools.product([False, True], repeat=2):
-        target, source = tmp_path / f"t{packed_target}{packed_source}.db", tmp_path / f"s{packed_target}{packed_source}.db"
+        # The same names everywhere: a fork row is named after the file its branch came from.
+        (tmp_path / f"{packed_target}{packed_source}").mkdir()
+        target, source = (tmp_path / f"{packed_target}{packed_source}" / n for n in ("t.db", "s.db"))
         shutil.copyfile(machines[0], target)
         shutil.copyfile(machines[1], source)
         if packed_target:
@@ -134,10 +260,17 @@ def test_merging_packed_and_unpacked_files_in_any_combination_gives_the_same_con
         assert bool(has_store) == packed_target  # a packed target stays packed; an unpacked one is not packed
         if packed_target:
             assert inline == 0  # what arrived was packed too
+            for column in (DAG if fmt == "dag" else LLM).packed:
+                with sqlite3.connect(target) as conn:
+                    assert conn.execute(
+                        f'SELECT count(*) FROM "{column.table}" WHERE typeof("{column.column}") = ? '
+                        f'AND length(CAST("{column.column}" AS BLOB)) >= 256', (column.holds,)
+                    ).fetchone() == (0,), column  # fmt: skip
         assert merge(target, [source]).sources[0].written == 0
         unpack(target)
         with sqlite3.connect(target) as conn:
-            results[(packed_target, packed_source)] = (
+            # Every row of every table, and what the full-text index holds.
+            results[(packed_target, packed_source)] = dump(target), (
                 logical(target) if fmt == "dag" else (
                     sorted(conn.execute("SELECT message_hash, position, type, text, payload FROM parts")),
                     sorted(conn.execute("SELECT hash, content FROM fragments")),

@@ -3,6 +3,7 @@ unpacked, read by llm as if nothing had happened."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -18,7 +19,7 @@ from dagsync.blobs import pack  # noqa: E402
 from dagsync.unpack import unpack  # noqa: E402
 from dagsync.merge import merge  # noqa: E402
 from dagsync.verify import verify  # noqa: E402
-from tests.test_real_llm_merge import machines, responses  # noqa: E402, F401 - the machines fixture
+from tests.test_real_llm_merge import cli, machines, responses  # noqa: E402, F401 - the machines fixture
 
 
 def test_llm_reads_packed_merged_unpacked_files_as_before(tmp_path, machines):  # noqa: F811
@@ -52,6 +53,16 @@ def test_llm_reads_packed_merged_unpacked_files_as_before(tmp_path, machines):  
     for rid, row in expected.items():
         assert (listed[rid]["prompt"], listed[rid]["response"]) == (row["prompt"], row["response"])
     assert LogStore(sqlite_utils.Database(target)).verify() == []
+    # pack dropped the full-text index over the packed responses; unpack made it
+    # again, so llm's own search finds what it finds in the file never packed.
+    for path, has_index in ((copies[0], 0), (target, 1)):  # packed, and unpacked
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'responses_fts'").fetchone() == (has_index,)
+    for word in ("alpaca", "zeppelin", "shared", "terse"):
+        found = {r["id"] for r in json.loads(cli(target.parent, "logs", "list", "-q", word, "--json", "-n", "0", "-d", str(target)))}
+        assert found and found == {
+            r["id"] for r in json.loads(cli(plain.parent, "logs", "list", "-q", word, "--json", "-n", "0", "-d", str(plain)))
+        }, word  # fmt: skip
     for copy in copies:  # and each packed machine, unpacked on its own
         unpack(copy)
         assert LogStore(sqlite_utils.Database(copy)).verify() == []

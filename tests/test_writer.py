@@ -34,6 +34,7 @@ from dagsync.vacuum import vacuum
 from dagsync.verify import verify
 from dagsync.writer import Writer
 from fixtures import generate
+from tests.history import content_dump
 from tests.processes import run_endless, start_writer
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
@@ -170,12 +171,9 @@ WRITER_ROW = "INSERT INTO conversations (id, name, model) VALUES ('from-the-writ
 
 
 def dump(path: Path) -> list[str]:
-    """Every row but dagsync's bookkeeping, the blob store, and the live writer's row."""
-    with sqlite3.connect(path) as c:
-        return [
-            line for line in c.iterdump()
-            if not any(t in line for t in ("_dagsync_", "blob_dicts", 'INTO "blobs"', "TABLE blobs", "from-the-writer"))
-        ]  # fmt: skip
+    """Every row but dagsync's bookkeeping, the blob store, and the live writer's row; full-text
+    indexes by what they index (unpack makes them again: ``history.content_dump``)."""
+    return content_dump(path, ("_dagsync_", "blob_dicts", 'INTO "blobs"', "TABLE blobs", "from-the-writer"))
 
 
 def orphan_a_third(path: Path) -> None:

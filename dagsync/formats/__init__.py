@@ -224,6 +224,16 @@ class Format:
             for name, tbl, sql in self._schema.execute("SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'")
         }
 
+    def object_sql(self, name: str) -> str:
+        """The statement the format's DDL makes table, index or trigger ``name`` with (as SQLite keeps it)."""
+        for (sql,) in self._schema.execute("SELECT sql FROM sqlite_schema WHERE name = ?", (name,)):
+            return sql
+        raise KeyError(name)
+
+    def triggers_on(self, table: str) -> list[str]:
+        """The names of the triggers the format's DDL puts on ``table``, in its order."""
+        return [name for name, (tbl, _) in self.triggers.items() if tbl == table]
+
     @cached_property
     def foreign_keys(self) -> dict[str, dict[str, tuple[str, str]]]:
         """Table -> {column: (referenced table, referenced column)}, from the DDL's foreign keys."""

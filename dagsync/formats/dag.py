@@ -53,7 +53,18 @@ DAG = Format(
     # The spec's content hash: role, provider metadata and each part's columns.
     message_content=("role", "provider_metadata_json"),
     part_content=("part_type", "content", "content_json", "tool_call_id", "server_executed"),
-    packed=(PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json")),
+    # Every payload column llm writes (docs/blobs.md says which stay plain, and
+    # why); a prompt that is also a message part is one blob.
+    packed=(
+        PackedColumn("message_parts", "content"), PackedColumn("message_parts", "content_json"),
+        *(PackedColumn("responses", c) for c in (
+            "prompt", "system", "response", "prompt_json", "options_json", "response_json",
+        )),
+        PackedColumn("calls", "prompt_json"), PackedColumn("calls", "response_json"),
+        PackedColumn("tool_calls", "arguments"), PackedColumn("tool_results", "output"),
+        PackedColumn("parts", "content"), PackedColumn("parts", "content_json"),
+        PackedColumn("fragments", "content"), PackedColumn("attachments", "content", holds="blob"),
+    ),  # fmt: skip
     # The spec keys an attachment by the sha256 of its content (one that is
     # only a URL or a path cannot be proven from the file) and says nothing
     # of a schema's id.

@@ -86,10 +86,18 @@ LLM = Format(
         PayloadRef("parts", "payload", "$.attachment.id", "attachments"),
         PayloadRef("parts", "payload", "$.attachments[#].id", "attachments"),
     ),
+    # Every payload column llm writes (docs/blobs.md says which stay plain, and
+    # why); the same text in a part, a turn's search row and a response is one blob.
     packed=(
         PackedColumn("parts", "text"), PackedColumn("parts", "payload"),
         PackedColumn("fragments", "content"), PackedColumn("attachments", "content", holds="blob"),
-    ),
+        PackedColumn("turns", "options_json"), PackedColumn("turns", "response_json"),
+        PackedColumn("turn_search", "prompt"), PackedColumn("turn_search", "response"),
+        *(PackedColumn("responses", c) for c in (
+            "prompt", "system", "response", "prompt_json", "options_json", "response_json",
+        )),
+        PackedColumn("tool_calls", "arguments"), PackedColumn("tool_results", "output"),
+    ),  # fmt: skip
     proven=(
         KeyProof("fragments", "hash", "fragment", ("content",)),
         KeyProof("attachments", "id", "attachment", ("url", "content")),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dagsync import bookkeeping, packed
 from dagsync.errors import DamagedSource
-from dagsync.formats import JsonRef, Key, Table
+from dagsync.formats import JsonRef, Key, PackedColumn, Table
 from dagsync.merge.branches import family
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 
@@ -116,6 +116,9 @@ def differs(run: SourceMerge, table: Table, column: str) -> str:
         if run.families:
             return f"({held} IS NOT {value} AND {family(held)} IS NOT {family(value)})"
         return f"{held} IS NOT {value}"
+    packed_column = run.packed_columns.get((table.name, column))
+    if packed_column is not None and run.target_packed:
+        return _differs_packed(packed_column, value, run.source_packed)
     raw = f's."{column}"'
     ref = run.fmt.references[table.name].get(column)
     if value == raw or ref is None or run.fmt.table(ref).key not in MESSAGE_KEYS:
@@ -124,6 +127,23 @@ def differs(run: SourceMerge, table: Table, column: str) -> str:
     # holds no reference to a message it lacks: the map is only asked when
     # the raw values differ. (Not so for integer ids, which are per file.)
     return f'CASE WHEN t."{column}" IS {raw} THEN 0 ELSE t."{column}" IS NOT {value} END'
+
+
+def _differs_packed(column: PackedColumn, value: str, source_packed: bool) -> str:
+    """``differs`` for a packed column of a packed target, whose value may be a
+    blob reference: the blob's key is the sha256 of the payload's bytes, so a
+    payload is compared with it by its hash, never decompressed; two
+    references (of a packed source), by key. (A packed value only ever holds
+    what pack packs: a value of the column's own storage class.)"""
+    t_value, s_value = f't."{column.column}"', f's."{column.column}"'
+    t_ref = packed.marker_sql(column, "t")
+    key = f"substr(CAST({t_value} AS TEXT), {len(packed.PREFIX) + 1})"
+    both = f"WHEN {t_ref} AND {packed.marker_sql(column, 's')} THEN {t_value} IS NOT {s_value} " if source_packed else ""
+    return (
+        f"CASE {both}"
+        f"WHEN {t_ref} THEN NOT (typeof({value}) = '{column.holds}' AND {key} = dagsync_sha256(CAST({value} AS BLOB))) "
+        f"ELSE {t_value} IS NOT {value} END"
+    )
 
 
 def key_match(run: SourceMerge, table: Table, target_alias: str = "t") -> str:
