@@ -30,7 +30,7 @@ from pathlib import Path
 
 import apsw
 
-from dagsync import __version__, bookkeeping
+from dagsync import __version__, bookkeeping, packed
 from dagsync.db import harden, open_unchecked_source
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format
@@ -114,6 +114,12 @@ def make(
     fd = os.open(out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     os.close(fd)
     try:
+        if packed.is_packed(conn, "src"):
+            # Its rows hold references into a store that a bundle does not carry.
+            raise DagsyncError(
+                f"{source} is packed (dagsync pack): a bundle carries rows but not the blob store they refer to; "
+                f"merge {source} itself (merge reads packed files), or unpack a copy of it and bundle that"
+            )
         present = {n for (n,) in conn.execute("SELECT name FROM src.sqlite_schema WHERE type = 'table'")}
         conn.execute("BEGIN")
         try:

@@ -173,16 +173,18 @@ def pack(r: PackReport) -> str:
         lines.append(f"    {c.table + '.' + c.column:<28} {c.packed:>10,} packed  {c.inline:>10,} left inline (short)")
     if len(shown) < len(r.columns):
         lines.append(f"    ({len(r.columns) - len(shown)} column(s) with no payloads not shown; --json lists every one)")
+    if r.dropped_indexes:
+        some = len(r.dropped_indexes) > 1
+        lines.append(
+            f"  {'would drop' if r.dry_run else 'dropped'} the full-text index{'es' if some else ''} "
+            f"{', '.join(r.dropped_indexes)} (kept, {'they' if some else 'it'} would index blob references); "
+            f"unpack makes {'them' if some else 'it'} again"
+        )
     lines.append(f"  file {human_bytes(r.file_bytes_before)} -> {human_bytes(r.file_bytes_after)}")
     if r.vacuum:
         lines[-1] += f" (vacuum: {r.vacuum.mode})"
     if r.grew:
         lines.append(f"  {r.grew}")
-    if r.dropped_indexes:
-        lines.append(
-            f"  {'would drop' if r.dry_run else 'dropped'} the full-text index {', '.join(r.dropped_indexes)} "
-            "(it would index blob references); unpack makes it again"
-        )
     return "\n".join(lines)
 
 
@@ -193,7 +195,8 @@ def unpack(r: UnpackReport) -> str:
         f"{r.path}: {verb} {r.values:,} payload(s), {human_bytes(r.payload_bytes)}, from {r.blobs_removed:,} blob(s) "
         f"({r.format} format, {r.seconds:.1f}s)\n  file {human_bytes(r.file_bytes_before)} -> "
         f"{human_bytes(r.file_bytes_after)}{tail}"
-        + (f"\n  {'would make' if r.dry_run else 'made'} the full-text index {', '.join(r.rebuilt_indexes)} again"
+        + (f"\n  {'would make' if r.dry_run else 'made'} the full-text "
+           f"index{'es' if len(r.rebuilt_indexes) > 1 else ''} {', '.join(r.rebuilt_indexes)} again"
            if r.rebuilt_indexes else "")
     )  # fmt: skip
 

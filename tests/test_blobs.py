@@ -416,6 +416,18 @@ class TestCli:
         assert result.stdout.startswith(f"{path}: would pack ")
         assert "dedup" in result.stdout and "compression" in result.stdout
 
+    def test_the_reports_say_the_full_text_index_goes_and_comes_back(self, tmp_path):
+        path = family(tmp_path / "fam", seed=7, machines=1, conversations=20)[0].path
+        result = runner.invoke(app, ["pack", str(path), "--dry-run"], catch_exceptions=False)
+        assert "  would drop the full-text index responses_fts (kept, it would index blob references); unpack makes it again\n" in result.stdout
+        result = runner.invoke(app, ["pack", str(path)], catch_exceptions=False)
+        assert "  dropped the full-text index responses_fts (kept, it would index blob references); unpack makes it again\n" in result.stdout
+        result = runner.invoke(app, ["unpack", str(path), "--json"], catch_exceptions=False)
+        assert json.loads(result.stdout)["rebuilt_indexes"] == ["responses_fts"]
+        pack(path)
+        result = runner.invoke(app, ["unpack", str(path)], catch_exceptions=False)
+        assert result.stdout.endswith("\n  made the full-text index responses_fts again\n")
+
     @pytest.mark.parametrize(
         ("args", "message"),
         [

@@ -131,3 +131,23 @@ def test_a_damaged_bundle_is_refused_whole(tmp_path):
         )
         assert done.stderr.count("\n") == 1
         assert server.read_bytes() == before
+
+
+@pytest.mark.parametrize("llm", [False, True])
+def test_a_packed_source_is_not_bundled_and_nothing_is_written(tmp_path, llm):
+    """A bundle carries rows, not the blob store a packed file's rows refer to:
+    made anyway, its references would reach the target as payloads."""
+    if llm:
+        pytest.importorskip("llm")
+    from dagsync.blobs import pack
+
+    with machines() as (files, _):
+        laptop = files[0]
+        pack(laptop, threshold=73)
+        out = tmp_path / "b.db"
+        done = run("bundle", str(laptop), str(out), llm=llm)
+        assert (done.returncode, done.stderr.strip()) == (1, (
+            f"Error: {laptop} is packed (dagsync pack): a bundle carries rows but not the blob store they refer to; "
+            f"merge {laptop} itself (merge reads packed files), or unpack a copy of it and bundle that"
+        ))  # fmt: skip
+        assert not out.exists()
