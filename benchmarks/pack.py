@@ -136,6 +136,12 @@ def child_pack(path: str, level: int, threshold: int) -> dict:
     started = time.perf_counter()
     db = open_target(path)
     try:
+        try:  # as `pack --vacuum` does it, on pack's own connection
+            from dagsync.blobs import PACK_CACHE_KIB
+
+            db.conn.execute(f"PRAGMA cache_size = -{PACK_CACHE_KIB}")
+        except ImportError:  # a --baseline checkout from before
+            pass
         vacuumed = vacuum(db)
     finally:
         db.close()

@@ -30,7 +30,7 @@ from dagsync.verify import verify
 from fixtures import family, family_llm
 from tests import strategies
 from tests.history import content_dump, logical
-from tests.processes import MODES, kill_at
+from tests.processes import MODES, events_of, kill_at
 
 MARKER_LOOKALIKE = PREFIX + "0" * 64  # a payload that merely looks like a reference
 
@@ -389,6 +389,24 @@ def test_a_killed_pack_or_unpack_leaves_a_whole_file_that_a_rerun_completes(tmp_
     assert verify(path).problems == ()
     (pack if command == "pack" else unpack)(path)
     assert verify(path).problems == ()
+    unpack(path)
+    assert dump(path) == original
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unpack_killed_while_it_makes_the_full_text_index_again_is_finished_by_the_next(tmp_path, mode):
+    path = family(tmp_path / "fam", seed=6, machines=1, conversations=150)[0].path
+    original = dump(path)
+    pack(path, threshold=73)
+    probe = tmp_path / "probe.db"
+    shutil.copyfile(path, probe)
+    events = events_of(RUN, ["unpack", str(probe)], mode)
+    indexing = [n for n, line in enumerate(events, 1) if line.startswith("indexing responses")]
+    assert len(indexing) >= 3, "the index was made in one step: no kill could land inside"
+    assert kill_at(RUN, ["unpack", str(path)], indexing[len(indexing) // 2], mode)[0], "the kill came after the end"
+    assert verify(path).problems == ()
+    with sqlite3.connect(path) as conn:  # still packed (the index made, in part, or not yet), so the next unpack finishes it
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'blobs'").fetchone() == (1,)
     unpack(path)
     assert dump(path) == original
 
