@@ -167,6 +167,57 @@ def test_merge_refuses_a_source_with_a_damaged_blob_and_writes_nothing(packed_fi
         assert not target.exists()
 
 
+# Columns packed since pack packed every payload column: a blob only one of them refers to.
+NEWLY_PACKED = {
+    "dag": [("responses", "response"), ("responses", "system"), ("tool_results", "output")],
+    "llm": [("turns", "response_json"), ("turn_search", "prompt"), ("turn_search", "response")],  # llm 0.36 leaves the legacy tables empty
+}
+
+
+def a_blob_only(path: Path, table: str, column: str) -> tuple[str, int]:
+    """(hash, size) of a blob that ``table.column`` alone refers to, in one of its last rows."""
+    from dagsync.formats.dag import DAG
+    from dagsync.formats.llm import LLM
+
+    fmt = LLM if "hash" in _columns(path) else DAG
+    with sqlite3.connect(path) as conn:
+        present = _tables(conn)
+        others = " UNION ALL ".join(
+            f'SELECT substr(CAST("{c.column}" AS TEXT), 9) FROM "{c.table}" WHERE typeof("{c.column}") = '
+            f"'{'blob' if c.holds == 'text' else 'text'}'"
+            for c in fmt.packed if c.table in present and (c.table, c.column) != (table, column)
+        )  # fmt: skip
+        row = conn.execute(
+            f'SELECT b.hash, b.size FROM "{table}" t JOIN blobs b ON b.hash = substr(CAST(t."{column}" AS TEXT), 9) '
+            f"WHERE typeof(t.\"{column}\") = 'blob' AND b.dict IS NULL AND b.hash NOT IN ({others}) "
+            f"GROUP BY b.hash HAVING count(*) = 1 ORDER BY max(t.rowid) DESC LIMIT 1"
+        ).fetchone()
+    conn.close()
+    assert row is not None, f"no blob that {table}.{column} alone refers to: the test would prove nothing"
+    return row
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_damaged_blob_of_a_newly_packed_column_is_refused_by_unpack_and_merge_and_named_by_verify(packed_file, tmp_path, which):
+    fmt = "llm" if "hash" in _columns(packed_file) else "dag"
+    table, column = NEWLY_PACKED[fmt][which]
+    path = copy(packed_file, tmp_path, "packed.db")
+    # A payload of its own (most of these repeat a message's text: one blob), packed.
+    tamper(path, f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = (SELECT max(rowid) FROM "{table}")', (f"only {table}.{column} holds this " * 10,))
+    pack(path)
+    key, size = a_blob_only(path, table, column)
+    tamper(path, "UPDATE blobs SET size = size + 1 WHERE hash = ?", (key,))
+    what = f"declares {size} bytes, not its size {size + 1}"
+    before = path.read_bytes()
+    result = runner.invoke(app, ["unpack", str(path)])
+    assert (result.exit_code, result.stderr) == (1, refusal(path, key, what))
+    target = tmp_path / "target.db"
+    result = runner.invoke(app, ["merge", str(target), str(path)])
+    assert (result.exit_code, result.stderr) == (1, refusal(path, key, what))
+    assert path.read_bytes() == before and not target.exists()
+    assert any(p.check == "blobs" and p.key == key and p.what == what for p in verify(path).problems)
+
+
 def _columns(path: Path) -> set[str]:
     with sqlite3.connect(path) as conn:
         return {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
