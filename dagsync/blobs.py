@@ -56,6 +56,9 @@ SMALL = 1024
 DICT_SIZE = 112 * 1024
 DICT_SAMPLES = 20_000
 PACK_CACHE_KIB = THIN_CACHE_KIB
+# ``_dagsync_meta`` keys ``pack_through:<table>.<column>``: the highest rowid
+# whose value a pack or a merge into the packed file has looked at.
+THROUGH = "pack_through:"
 
 
 # -- pack ----------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def pack(
         run.settings(dictionary, level, threshold)
         columns = run.columns()
         # Each column again from where it is, if a long transaction had to give way.
-        writer.redo(lambda: [run.pack_column(c) for c in columns], "packing it")
+        writer.redo(functools.partial(run.pack_all, columns), "packing it")
         reports = tuple(run.column_report(c) for c in columns)
         run.drop_temp()
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
@@ -169,6 +172,10 @@ def pack(
         db.close()
 
 
+def _through_key(column: PackedColumn) -> str:
+    return f"{THROUGH}{column.table}.{column.column}"
+
+
 def _why_larger(growth: int, packed: int, vacuumed: bool) -> str | None:
     if growth <= 0:
         return None
@@ -192,7 +199,11 @@ def pack_new_rows(db: Database, writer: Writer, source_schema: str | None = None
     run.source = source_schema
     run.settings(False, None, None)
     for column in run.columns():
-        run.pack_column(column)
+        # Only rows past where the last pack or merge looked (``THROUGH``): what
+        # a merge brings gets rowids after the highest, so a nightly merge into
+        # a packed archive does not read the whole history for what is new.
+        run.pack_column(column, since=int(meta(db.conn, _through_key(column)) or 0))
+    run.note_through()
     run.drop_temp()
 
 
@@ -212,6 +223,7 @@ class _Pack:
         self.dict_data: bytes | None = None
         self.source: str | None = None
         self.dropped_indexes: list[str] = []
+        self.through: dict[str, int] = {}  # THROUGH key -> rowid looked at up to, to be noted
 
     def columns(self) -> list[PackedColumn]:
         present = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
@@ -316,8 +328,9 @@ class _Pack:
             )
         return self.compressors[small].compress(data)
 
-    def pack_column(self, column: PackedColumn) -> None:
-        """Pack the column's inline payloads, a chunk of rows per transaction."""
+    def pack_column(self, column: PackedColumn, since: int = 0) -> None:
+        """Pack the column's inline payloads in rows past rowid ``since``, a chunk
+        of rows per transaction; then note how far it looked (``THROUGH``)."""
         table, value = f'main."{column.table}"', f't."{column.column}"'
         packable = f"typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) >= {self.threshold}"
         marker = f"CAST('{PREFIX}' || k.h AS BLOB)" if column.holds == "text" else f"'{PREFIX}' || k.h"
@@ -326,7 +339,9 @@ class _Pack:
         dict_params = (self.dict_hash,) if self.dict_hash else ()
         tally = self.packed.setdefault((column.table, column.column), [0, 0])
         phase = f"pack: {column.table}.{column.column}"
-        for low, high in self.writer.ranges(table, phase=phase, writes=True):
+        through = self.writer.one(f"SELECT coalesce(max(rowid), 0) FROM {table}")
+        past = f"rowid > {int(since)}" if since else "1"
+        for low, high in self.writer.ranges(table, where=past, phase=phase, writes=True):
             with self.writer.transaction():
                 self.conn.execute("DELETE FROM temp.pack_chunk")
                 self.conn.execute(
@@ -375,6 +390,22 @@ class _Pack:
                         f'UPDATE {table} AS t SET "{column.column}" = {marker} FROM temp.pack_chunk k WHERE t.rowid = k.rid'
                     )
                 self.conn.execute("DELETE FROM temp.pack_new")
+        if through > since:
+            # Rows inserted since ``through`` was read lie past it: the next run looks at them.
+            self.through[_through_key(column)] = through
+
+    def pack_all(self, columns: list[PackedColumn]) -> None:
+        for column in columns:
+            self.pack_column(column)
+        self.note_through()
+
+    def note_through(self) -> None:
+        """Record how far each column was looked at (``THROUGH``), in one transaction."""
+        moved = [(k, str(v)) for k, v in self.through.items() if meta(self.conn, k) != str(v)]
+        if self.dry_run or not moved:
+            return  # nothing to write: a pack with nothing to do leaves the file as it was
+        with self.writer.transaction():
+            self.conn.executemany("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", moved)
 
     def count(self, tally: list[int], n: int, size: int, made: int, made_size: int, stored: int) -> None:
         """What one committed chunk did."""

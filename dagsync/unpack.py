@@ -101,7 +101,8 @@ def unpack(
                     conn.execute("DROP TABLE blobs; DROP TABLE blob_dicts")
                     bookkeeping.rewritten(conn, "unpack")
                     conn.execute(
-                        "DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict', ?)", (fts.DROPPED,)
+                        "DELETE FROM _dagsync_meta WHERE key IN ('pack_level', 'pack_threshold', 'pack_dict', ?) "
+                        "OR key LIKE 'pack\\_through:%' ESCAPE '\\'", (fts.DROPPED,)
                     )
         vacuumed = vacuum_file(db, progress) if vacuum and not dry_run else None
         return UnpackReport(

@@ -280,6 +280,35 @@ def test_merging_packed_and_unpacked_files_in_any_combination_gives_the_same_con
     assert all(r == results[(False, False)] for r in results.values())
 
 
+def test_a_merge_into_a_packed_file_packs_what_it_brings_and_reads_no_further_back(tmp_path):
+    first, second = (r.path for r in family(tmp_path / "fam", seed=4, machines=2, conversations=60))
+    pack(first)
+    long_text = "written by hand below the mark, after the pack " * 10
+    with sqlite3.connect(first) as conn:
+        through = int(conn.execute("SELECT value FROM _dagsync_meta WHERE key = 'pack_through:responses.response'").fetchone()[0])
+        assert through == conn.execute("SELECT max(rowid) FROM responses").fetchone()[0]
+        with sqlite3.connect(second) as other:  # one the other file lacks: edited, it is no conflict
+            theirs = {i for (i,) in other.execute("SELECT id FROM responses")}
+        mine = next(r for r, i in conn.execute("SELECT rowid, id FROM responses ORDER BY rowid") if i not in theirs)
+        conn.execute("UPDATE responses SET response = ? WHERE rowid = ?", (long_text, mine))
+    merge(first, [second])
+    with sqlite3.connect(first) as conn:
+        top = conn.execute("SELECT max(rowid) FROM responses").fetchone()[0]
+        assert top > through  # the merge brought responses...
+        assert conn.execute(
+            "SELECT count(*) FROM responses WHERE rowid > ? AND typeof(response) = 'text' AND length(response) >= 256", (through,)
+        ).fetchone() == (0,)  # ...and packed them
+        assert conn.execute("SELECT response FROM responses WHERE rowid = ?", (mine,)).fetchone() == (long_text,)  # not read
+        assert conn.execute("SELECT value FROM _dagsync_meta WHERE key = 'pack_through:responses.response'").fetchone() == (str(top),)
+    assert verify(first).problems == ()
+    pack(first)  # pack looks at every row again
+    with sqlite3.connect(first) as conn:
+        assert conn.execute("SELECT typeof(response) FROM responses WHERE rowid = ?", (mine,)).fetchone() == ("blob",)
+    unpack(first)
+    with sqlite3.connect(first) as conn:
+        assert conn.execute("SELECT count(*) FROM _dagsync_meta WHERE key LIKE 'pack_through:%'").fetchone() == (0,)
+
+
 def test_stats_and_verify_read_a_packed_file(tmp_path):
     path = family(tmp_path / "fam", seed=3, machines=1, conversations=60)[0].path
     expected = stats(path)
