@@ -175,5 +175,9 @@ def content_dump(path: Path, leave_out: tuple[str, ...] = ()) -> list[str]:
         for name in indexes:
             conn.execute(f"INSERT INTO \"{name}\" (\"{name}\") VALUES ('integrity-check')")
             conn.execute(f"CREATE VIRTUAL TABLE temp.\"vocab_{name}\" USING fts5vocab(main, '{name}', 'instance')")
-            searched += [f"{name}: {row}" for row in conn.execute(f'SELECT * FROM temp."vocab_{name}" ORDER BY 1, 2, 3, 4')]
+            # Terms as hex: a BLOB that was indexed gives terms that are not UTF-8.
+            searched += [
+                f"{name}: {row}"
+                for row in conn.execute(f'SELECT hex(term), doc, col, "offset" FROM temp."vocab_{name}" ORDER BY 1, 2, 3, 4')
+            ]  # fmt: skip
         return schema + rows + searched

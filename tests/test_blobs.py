@@ -143,7 +143,12 @@ def test_llm_pack_then_unpack_is_the_identity_on_the_turns_and_legacy_tables(tmp
     with sqlite3.connect(path) as conn:
         # Both full-text indexes covered packed columns: both are gone, to come back with unpack.
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE '%_fts%'").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM blobs WHERE size = ?", (len(PROMPT),)).fetchone() == (1,)  # one blob, four places
+        # The shared prompt is one blob, referred to from all four places it appears.
+        reference = PREFIX + hashlib.sha256(PROMPT.encode()).hexdigest()
+        assert conn.execute("SELECT count(*) FROM blobs WHERE hash = ?", (reference[len(PREFIX) :],)).fetchone() == (1,)
+        last = len(responses), len(turns)
+        assert conn.execute("SELECT CAST(prompt AS TEXT), CAST(prompt_json AS TEXT) FROM responses WHERE id = ?", (f"r{last[0]}",)).fetchone() == (reference,) * 2
+        assert conn.execute("SELECT CAST(prompt AS TEXT), CAST(response AS TEXT) FROM turn_search WHERE turn_id = ?", (f"u{last[1]}",)).fetchone() == (reference,) * 2
     packed = dump(path)
     pack(path)
     assert dump(path) == packed
