@@ -98,6 +98,24 @@ CREATE TABLE IF NOT EXISTS _dagsync_gc_seen (
     first_seen REAL NOT NULL,  -- unix time
     PRIMARY KEY (tbl, key)
 );
+-- A conversation `forget` deleted (dagsync/forget): a merge, sync, push or
+-- pull does not bring it back while it is forgotten, that is while it was
+-- not restored after it was forgotten. Merges take the latest of each time
+-- from the files they read, so a forget (or a restore) travels with them.
+CREATE TABLE IF NOT EXISTS _dagsync_forgotten (
+    key TEXT PRIMARY KEY,  -- the conversation's id (a thread's, in the llm format)
+    forgotten_at REAL NOT NULL,  -- unix time
+    restored_at REAL  -- unix time, or NULL
+) WITHOUT ROWID;
+-- What a forget has unlinked and not yet collected: the messages its
+-- conversations pointed at, and the shared rows they referenced. A forget
+-- cut short leaves them here; the next one (or the merge that reapplies the
+-- tombstones) finishes the job.
+CREATE TABLE IF NOT EXISTS _dagsync_forget_pending (
+    tbl TEXT NOT NULL,
+    key NOT NULL,
+    PRIMARY KEY (tbl, key)
+) WITHOUT ROWID;
 """
 
 

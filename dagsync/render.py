@@ -9,6 +9,7 @@ from __future__ import annotations
 from dagsync.blobs import PackReport
 from dagsync.bundle import BundleReport
 from dagsync.canonicalise import CanonicaliseReport
+from dagsync.forget.report import ForgetReport, RestoreReport
 from dagsync.gc import GcReport
 from dagsync.merge import MergeReport
 from dagsync.remote import RemoteSyncReport, TransferReport
@@ -148,6 +149,40 @@ def gc(r: GcReport) -> str:
         lines.append(f"  vacuum ({v.mode}): {human_bytes(v.bytes_before)} -> {human_bytes(v.bytes_after)}")
         if v.grew:
             lines.append(f"  {v.grew}")
+    return "\n".join(lines)
+
+
+def forget(r: ForgetReport) -> str:
+    verb = "would forget" if r.dry_run else "forgot"
+    lines = [
+        f"{r.path}: {verb} {len(r.conversations):,} conversation(s), deleting {r.deleted:,} row(s), "
+        f"{human_bytes(r.deleted_bytes)} ({r.format} format, {r.seconds:.1f}s)",
+    ]
+    shown = r.conversations[:20]
+    for c in shown:
+        lines.append(f"    {c.id}  {c.latest or 'undated':<20}  {(c.name or '')[:60]!r}")
+    if len(r.conversations) > len(shown):
+        lines.append(f"    ... and {len(r.conversations) - len(shown):,} more (--json lists them all)")
+    lines.append(
+        f"  messages: {r.messages:,} only they reached {'would go' if r.dry_run else 'deleted'}, "
+        f"{r.shared_messages:,} kept: another thread, call or message uses them"
+    )
+    for t in r.tables:
+        lines.append(f"    {t.table:<24} {t.deleted:,} ({human_bytes(t.bytes)})")
+    lines.append(f"  {r.tombstones:,} conversation(s) kept forgotten in this file")
+    if r.merge_in_progress or r.pending:
+        lines.append(
+            f"  a merge into this file was under way: {r.pending:,} unlinked row(s) are left for the next forget"
+        )
+    return "\n".join(lines)
+
+
+def restore(r: RestoreReport) -> str:
+    verb = "would stop" if r.dry_run else "stopped"
+    lines = [f"{r.path}: {verb} keeping {len(r.restored):,} conversation(s) forgotten; {r.tombstones:,} still are"]
+    lines += [f"    {key}" for key in r.restored]
+    if r.restored and not r.dry_run:
+        lines.append("  to bring them back: dagsync merge --full THIS_FILE A_FILE_THAT_STILL_HOLDS_THEM")
     return "\n".join(lines)
 
 

@@ -22,7 +22,8 @@ from importlib import resources
 import apsw
 
 __all__ = [
-    "Collect", "Format", "JsonRef", "Key", "KeyProof", "PackedColumn", "PayloadRef", "Table", "normalise_sql",
+    "Collect", "Conversations", "Format", "JsonRef", "Key", "KeyProof", "PackedColumn", "PayloadRef", "Table",
+    "normalise_sql",
 ]  # fmt: skip
 
 
@@ -88,6 +89,27 @@ class KeyProof:
     key: str
     recipe: str
     columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """What ``forget`` selects and deletes: conversations, by the id llm shows.
+
+    ``tables`` hold one row per conversation under that id (a thread, and the
+    legacy conversation of the same id); everything that hangs off them by
+    foreign key goes with them (``Format.cascade``). The selectors read:
+
+    * ``times``: (table, column naming the conversation, time column); a
+      conversation's age is its latest time;
+    * ``models``: (table, column naming the conversation, model column);
+    * ``search``: (full-text index, its content table, SQL over the content
+      row ``c`` that gives the conversation's id).
+    """
+
+    tables: tuple[str, ...]
+    times: tuple[tuple[str, str, str], ...]
+    models: tuple[tuple[str, str, str], ...]
+    search: tuple[tuple[str, str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -189,6 +211,8 @@ class Format:
     message_content: tuple[str, ...] = ()
     part_content: tuple[str, ...] = ()
     part_order: str = "order"
+    # What ``forget`` selects and deletes.
+    conversations: Conversations | None = None
 
     @cached_property
     def schema_sql(self) -> str:
@@ -278,6 +302,31 @@ class Format:
             for column, referenced in refs.items()
             if referenced == "messages"
         )
+
+    @cached_property
+    def cascade(self) -> tuple[tuple[str, str, str, str], ...]:
+        """(table, column, parent table, parent column): the rows that go when
+        a conversation is forgotten, each with the foreign key that ties it to a
+        row that goes, parents before children.
+
+        Read from the DDL's foreign keys, from ``conversations.tables`` down
+        through the tables gc keeps (turns, calls, responses, their link and
+        search rows); never into the message DAG or shared rows, which go
+        only when nothing else reaches them. A row's reference to another of
+        its own table (a fork's ``forked_from``) is not followed.
+        """
+        assert self.conversations is not None
+        kept = {t.name for t in self.tables if t.collect is Collect.KEEP and t.key is not Key.DERIVED}
+        reached = list(self.conversations.tables)
+        edges: list[tuple[str, str, str, str]] = []
+        for parent in reached:
+            for table, refs in self.foreign_keys.items():
+                for column, (ref, ref_column) in refs.items():
+                    if ref == parent and table != parent and table in kept and table not in self.conversations.tables:
+                        edges.append((table, column, parent, ref_column))
+                        if table not in reached:
+                            reached.append(table)
+        return tuple(edges)
 
     def referrers(self, table: str) -> tuple[tuple[str, str], ...]:
         """(table, column) pairs whose foreign keys reference ``table``."""

@@ -5,7 +5,7 @@ Messages are ULID-keyed rows linked by ``parent_id``; a message's identity is
 See shared/spec/dag-format.md.
 """
 
-from dagsync.formats import Collect, Format, Key, KeyProof, PackedColumn, Table
+from dagsync.formats import Collect, Conversations, Format, Key, KeyProof, PackedColumn, Table
 from dagsync.formats.legacy import LEGACY_MIGRATIONS, LEGACY_TABLES
 
 ROOT = "root"
@@ -64,6 +64,17 @@ DAG = Format(
         PackedColumn("tool_calls", "arguments"), PackedColumn("tool_results", "output"),
         PackedColumn("parts", "content"), PackedColumn("parts", "content_json"),
         PackedColumn("fragments", "content"), PackedColumn("attachments", "content", holds="blob"),
+    ),  # fmt: skip
+    # A conversation with its calls, and the legacy responses of the same id.
+    conversations=Conversations(
+        tables=("conversations",),
+        times=(("calls", "conversation_id", "started_at"), ("responses", "conversation_id", "datetime_utc")),
+        models=(
+            ("calls", "conversation_id", "model"), ("calls", "conversation_id", "resolved_model"),
+            ("responses", "conversation_id", "model"), ("responses", "conversation_id", "resolved_model"),
+            ("conversations", "id", "model"),
+        ),
+        search=(("responses_fts", "responses", "c.conversation_id"),),
     ),  # fmt: skip
     # The spec keys an attachment by the sha256 of its content (one that is
     # only a URL or a path cannot be proven from the file) and says nothing

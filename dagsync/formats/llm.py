@@ -8,6 +8,7 @@ model call each. See shared/spec/llm-0.36-schema.sql.
 
 from dagsync.formats import (
     Collect,
+    Conversations,
     Format,
     JsonRef,
     Key,
@@ -97,6 +98,24 @@ LLM = Format(
             "prompt", "system", "response", "prompt_json", "options_json", "response_json",
         )),
         PackedColumn("tool_calls", "arguments"), PackedColumn("tool_results", "output"),
+    ),  # fmt: skip
+    # A conversation is a thread; llm 0.36 still reads the legacy
+    # conversations and responses of the same id (``llm logs``).
+    conversations=Conversations(
+        tables=("threads", "conversations"),
+        times=(
+            ("threads", "id", "datetime_utc"), ("turns", "thread_id", "datetime_utc"),
+            ("responses", "conversation_id", "datetime_utc"),
+        ),
+        models=(
+            ("turns", "thread_id", "model"), ("turns", "thread_id", "resolved_model"),
+            ("responses", "conversation_id", "model"), ("responses", "conversation_id", "resolved_model"),
+            ("conversations", "id", "model"),
+        ),
+        search=(
+            ("turn_search_fts", "turn_search", "(SELECT u.thread_id FROM main.turns u WHERE u.id = c.turn_id)"),
+            ("responses_fts", "responses", "c.conversation_id"),
+        ),
     ),  # fmt: skip
     proven=(
         KeyProof("fragments", "hash", "fragment", ("content",)),

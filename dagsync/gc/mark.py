@@ -128,7 +128,7 @@ def dying(run: GcRun, table: Table, alias: str) -> str:
             f"AND state IN ({DYING}, {UNREFERENCED_OLD}))"
         )
     if table.collect is not Collect.WITH_OWNER or table.owned_by is None:
-        return "0"
+        return run.gone(table.name, alias)
     owner = run.fmt.table(run.fmt.references[table.name][table.owned_by])
     if owner.collect is Collect.UNREACHABLE:
         return f'{alias}."{table.owned_by}" IN (SELECT key FROM temp.gc_cand)'

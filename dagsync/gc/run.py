@@ -126,6 +126,8 @@ class GcRun:
         self.merge_in_progress = False
         self.refs_made = False
         self.data_version = None
+        # What the sweep stamps the file as rewritten by (bookkeeping.rewritten), if anything.
+        self.stamp: str | None = "gc"
 
     # -- plumbing ------------------------------------------------------------
 
@@ -167,6 +169,11 @@ class GcRun:
             self.conn.execute("ROLLBACK")
         for (name,) in list(self.conn.execute("SELECT name FROM temp.sqlite_schema WHERE type = 'table'")):
             self.conn.execute(f'DROP TABLE temp."{name}"')
+
+    def gone(self, table: str, alias: str) -> str:
+        """SQL true for a row of a table gc keeps that goes all the same (a dry
+        forget's conversations, not deleted): gc has none."""
+        return "0"
 
     def has_seen_table(self) -> bool:
         return SEEN in self.present

@@ -42,7 +42,8 @@ def sweep(run: GcRun) -> None:
             _delete_owned(run, run.messages, where)
             run.delete(run.messages.name, where)
             if not run.dry_run:
-                bookkeeping.rewritten(run.conn, "gc")
+                if run.stamp:
+                    bookkeeping.rewritten(run.conn, run.stamp)
                 if MESSAGE_MAP in run.present:
                     run.conn.execute(f"DELETE FROM main.{MESSAGE_MAP} WHERE target_id IN (SELECT key FROM temp.gc_chunk)")
                 if run.has_seen_table():
@@ -64,7 +65,8 @@ def _protect(run: GcRun, high: int) -> None:
         return  # nothing but this gc has written since the mark: it stands as it is
     msgs = run.main_table("messages")
     found = [
-        f'SELECT t."{column}" FROM main."{table}" t WHERE t."{column}" IN (SELECT key FROM temp.gc_chunk)'
+        f'SELECT t."{column}" FROM main."{table}" t WHERE t."{column}" IN (SELECT key FROM temp.gc_chunk) '
+        f"AND NOT {run.gone(table, 't')}"
         for table, column in run.roots
         if table in run.present
     ]
@@ -184,8 +186,8 @@ def sweep_shared(run: GcRun) -> None:
                     if run.one("SELECT count(*) FROM temp.gc_dep_chunk") != before:
                         run.kept_back = True
                 run.delete(table.name, f't."{pk}" IN (SELECT key FROM temp.gc_dep_chunk)', table.columns)
-                if not run.dry_run:
-                    bookkeeping.rewritten(run.conn, "gc")
+                if not run.dry_run and run.stamp:
+                    bookkeeping.rewritten(run.conn, run.stamp)
                 if not run.dry_run and run.has_seen_table():
                     run.conn.execute(
                         f"DELETE FROM main.{SEEN} WHERE tbl = ? AND key IN "
