@@ -238,7 +238,7 @@ def lines_added(line: str) -> str:
     return line.split()[1]
 
 
-COMMANDS = ("stats", "merge", "sync", "canonicalise", "verify", "gc", "pack", "unpack")
+COMMANDS = ("stats", "merge", "sync", "canonicalise", "verify", "gc", "forget", "pack", "unpack")
 
 
 class TestConventions:
@@ -268,7 +268,7 @@ class TestConventions:
     def test_every_command_summary_fits_one_line(self):
         listing = run("--help").stdout.splitlines()
         rows = listing[listing.index("Commands:") + 1:]
-        assert [row.split()[0] for row in rows] == list(COMMANDS[:3]) + ["push", "pull", "marks", "bundle", "canonicalise", "verify", "gc", "pack", "unpack"]
+        assert [row.split()[0] for row in rows] == list(COMMANDS[:3]) + ["push", "pull", "marks", "bundle", "canonicalise", "verify", "gc", "forget", "pack", "unpack"]
         for row in rows:
             assert not row.rstrip().endswith("...") and len(row) <= 80, row
 
