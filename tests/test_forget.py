@@ -187,3 +187,18 @@ def test_cli_forget_errors(home: Path):
     assert unknown.returncode == 1
     assert "keeps no forgotten conversation 'nope'" in unknown.stderr
     assert dagsync("forget", "--help").returncode == 0
+
+
+def test_a_source_merged_before_is_merged_whole_after_a_forget(home: Path, tmp_path_factory):
+    from dagsync.merge import merge
+
+    work = tmp_path_factory.mktemp("m")
+    source, target = work / "source.db", work / "target.db"
+    source.write_bytes((home / "logs.db").read_bytes())
+    merge(target, [source])
+    assert merge(target, [source]).sources[0].incremental
+    forget(target, Selector(queries=("banana",)))
+    again = merge(target, [source]).sources[0]
+    assert not again.incremental
+    assert again.full_because is not None and "forget at" in again.full_because
+    assert verify(target).problems == ()

@@ -43,9 +43,9 @@ class Collect(GcRun):
         super().__init__(db, 0.0, now, dry_run, writer.progress, writer=writer)
         self.unlink = unlink
         self.pending = pending
-        # Forgetting changes nothing a later merge's marks rely on (a delta that
-        # refers to a forgotten row is merged in full: merge._merge_source).
-        self.stamp = None
+        # Rows merged from a source are gone: its next merge is a full one
+        # (merge.marks), as after gc.
+        self.stamp = "forget"
         self.shared_prefix = 0  # messages the forgotten conversations reached that stay
 
     def gone(self, table: str, alias: str) -> str:

@@ -126,8 +126,10 @@ class Unlink:
                 f'WHERE t.rowid IN (SELECT rid FROM temp."fg_rows_{column.table}") AND {packed.marker_sql(column, "t")}'
             )
 
-    def delete(self) -> None:
-        """Count, then (unless a dry run) delete, the found rows, children first; empty the sets."""
+    def delete(self) -> int:
+        """Count, then (unless a dry run) delete, the found rows, children first; empty the sets.
+        Return how many rows were found."""
+        found = 0
         for table in reversed(self.order):
             rows, size = next(
                 self.conn.execute(
@@ -139,6 +141,8 @@ class Unlink:
                 self.conn.execute(f'DELETE FROM main."{table}" WHERE rowid IN (SELECT rid FROM temp."fg_rows_{table}")')
                 self.conn.execute(f'DELETE FROM temp."fg_rows_{table}"')
             self.writer.on_commit(functools.partial(self._count, table, rows, size))
+            found += rows
+        return found
 
     def _count(self, table: str, rows: int, size: int) -> None:
         tally = self.deleted.setdefault(table, [0, 0])
@@ -160,7 +164,8 @@ class Unlink:
                     if tombstone:
                         tombstones.record(self.conn, "SELECT key FROM temp.fg_chunk", now)
                 self.note()
-                self.delete()
+                if self.delete() and not self.dry_run:
+                    bookkeeping.rewritten(self.conn, "forget")  # a source's next merge reads it whole
             done += next(self.conn.execute("SELECT count(*) FROM temp.fg_sel WHERE rowid BETWEEN ? AND ?", (low, high)))[0]
             self.writer.progress(progress_phase, done, total)
 
