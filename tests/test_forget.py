@@ -202,3 +202,32 @@ def test_a_source_merged_before_is_merged_whole_after_a_forget(home: Path, tmp_p
     assert not again.incremental
     assert again.full_because is not None and "forget at" in again.full_because
     assert verify(target).problems == ()
+
+
+def test_a_merge_does_not_bring_a_forgotten_conversation_back_and_sync_carries_the_forget(home: Path, tmp_path_factory):
+    from dagsync.merge import merge
+    from dagsync.sync import sync
+
+    work = tmp_path_factory.mktemp("m")
+    laptop, server = work / "laptop.db", work / "server.db"
+    laptop.write_bytes((home / "logs.db").read_bytes())
+    server.write_bytes((home / "logs.db").read_bytes())
+    b = thread_of(home, "an unrelated banana question")
+    forget(server, Selector(ids=(b,)))
+    report = merge(server, [laptop])
+    assert report.sources[0].forgotten > 0  # it came with the laptop's file, and went again
+    with sqlite3.connect(server) as conn:
+        assert conn.execute("SELECT count(*) FROM turns WHERE thread_id = ?", (b,)).fetchone() == (0,)
+    sync(laptop, server)
+    for path in (laptop, server):
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT count(*) FROM threads WHERE id = ?", (b,)).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM turn_search WHERE turn_id IN (SELECT id FROM turns WHERE thread_id = ?)", (b,)).fetchone() == (0,)
+        assert verify(path).problems == ()
+    # Restored on one side, and merged whole: it comes back, and stays.
+    restore(server, (b,))
+    source = work / "original.db"
+    source.write_bytes((home / "logs.db").read_bytes())
+    merge(server, [source], full=True)
+    with sqlite3.connect(server) as conn:
+        assert conn.execute("SELECT count(*) FROM threads WHERE id = ?", (b,)).fetchone() == (1,)

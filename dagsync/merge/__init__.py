@@ -148,7 +148,14 @@ def merge(
                 # Marked from before the plan (which maps rows onto the target's) to
                 # the end of the copy, so a gc beside it waits (bookkeeping.merging).
                 with bookkeeping.merging(target_db.path) if not dry_run else contextlib.nullcontext():
-                    reports.append(_merge_source(target_db, path, decision, checks, writer, (label, target_label)))
+                    report = _merge_source(target_db, path, decision, checks, writer, (label, target_label))
+                if not dry_run:
+                    # Forgotten stays forgotten: the source's tombstones join the
+                    # target's, and what they name goes again (dagsync/forget).
+                    from dagsync import forget  # which builds on gc, as merge does not
+
+                    report = dataclasses.replace(report, forgotten=forget.reapply(target_db, path, writer))
+                reports.append(report)
     except BaseException:
         if checks is not None:
             checks.join()  # no thread goes on reading the sources after merge has failed

@@ -41,6 +41,9 @@ class SourceReport:
     # pointer rows that moved; else in full, ``full_because`` says why.
     incremental: bool = False
     full_because: str | None = None
+    # Rows of conversations the target keeps forgotten (its tombstones and the
+    # source's: dagsync/forget) that the merge kept out of it.
+    forgotten: int = 0
 
     def table(self, name: str) -> TableReport:
         return next(t for t in self.tables if t.table == name)
