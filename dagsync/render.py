@@ -74,6 +74,8 @@ def merge(report: MergeReport) -> str:
         else:
             how = f" (read whole: {source.full_because})"
         lines.append(f"  from {source.source}{how}:")
+        if source.forgotten:
+            lines.append(f"    kept out {source.forgotten:,} row(s) of conversations forgotten here (dagsync forget)")
         if not source.written:
             lines.append("    nothing new: the target already holds all of it")
             continue
