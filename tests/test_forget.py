@@ -231,3 +231,26 @@ def test_a_merge_does_not_bring_a_forgotten_conversation_back_and_sync_carries_t
     merge(server, [source], full=True)
     with sqlite3.connect(server) as conn:
         assert conn.execute("SELECT count(*) FROM threads WHERE id = ?", (b,)).fetchone() == (1,)
+
+
+def test_a_bundle_carries_the_forget_to_the_other_machine(home: Path, tmp_path_factory):
+    from dagsync.merge import merge
+
+    work = tmp_path_factory.mktemp("b")
+    laptop, server = work / "laptop.db", work / "server.db"
+    laptop.write_bytes((home / "logs.db").read_bytes())
+    merge(server, [laptop])
+    marks = dagsync("marks", "--json", str(server))
+    assert marks.returncode == 0, marks.stderr
+    (work / "marks.json").write_text(marks.stdout)
+    b = thread_of(home, "an unrelated banana question")
+    forget(laptop, Selector(ids=(b,)))
+    out = work / "bundle.db"
+    made = dagsync("bundle", str(laptop), str(out), "--marks", str(work / "marks.json"))
+    assert made.returncode == 0, made.stderr
+    report = merge(server, [out])
+    assert report.sources[0].forgotten > 0
+    with sqlite3.connect(server) as conn:
+        assert conn.execute("SELECT count(*) FROM threads WHERE id = ?", (b,)).fetchone() == (0,)
+        assert conn.execute("SELECT key FROM _dagsync_forgotten").fetchall() == [(b,)]
+    assert verify(server).problems == ()

@@ -18,7 +18,7 @@ consistent (``extract``):
   keys, which it must read;
 * dagsync's records of what it holds: ``_dagsync_forks`` and
   ``_dagsync_message_map`` beyond their marks, ``_dagsync_origins`` of its
-  pointer rows.
+  pointer rows, and every tombstone (``_dagsync_forgotten``: forget).
 
 Rows keep their rowids, so the order the source wrote them in (parents
 before children) is the delta's too.
@@ -201,6 +201,9 @@ def _fill(
                     f'WHERE o.pointer_table = ? AND o.key IN (SELECT "{table.natural_key[0]}" FROM dlt."{table.name}")',
                     (table.name,),
                 )
+    if bookkeeping.has(conn, "_dagsync_forgotten", "src"):
+        # Every tombstone, so a forget travels with the delta (a bundle, a push): few rows.
+        conn.execute("INSERT INTO dlt._dagsync_forgotten SELECT key, forgotten_at, restored_at FROM src._dagsync_forgotten")
     return written
 
 
