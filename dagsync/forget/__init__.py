@@ -43,7 +43,7 @@ from dagsync.errors import DagsyncError
 from dagsync.forget import tombstones
 from dagsync.forget.collect import Collect
 from dagsync.forget.report import Conversation, ForgetReport, RestoreReport
-from dagsync.forget.select import Selector, parse_date, select
+from dagsync.forget.select import Selector, add_merge_forks, create_selection, latest, parse_date, select
 from dagsync.forget.tombstones import PENDING
 from dagsync.forget.unlink import Unlink
 from dagsync.gc import _check_migrations, parse_grace
@@ -51,6 +51,9 @@ from dagsync.gc.report import GcTable
 from dagsync.writer import Progress, Writer
 
 __all__ = ["ForgetReport", "RestoreReport", "Selector", "forget", "parse_age", "parse_date", "reapply", "restore"]
+
+# The page cache forget works with (KiB): see forget().
+CACHE_KIB = 32768
 
 
 def parse_age(text: str, now: float) -> float:
@@ -88,6 +91,10 @@ def forget(
     try:
         _check_migrations(db)
         conn = db.conn
+        # Deleting touches a few pages of each index per chunk; a smaller cache
+        # than a merge's holds them, and keeps the peak memory of a large forget
+        # small (benchmarks/forget.py).
+        conn.execute(f"PRAGMA main.cache_size = -{CACHE_KIB}")
         present = _present(db)
         writer = Writer(conn, progress, dry_run=dry_run)
         writer.progress("forget: selecting", 0, 1)
@@ -124,14 +131,14 @@ def reapply(db: Database, source: Path | None, writer: Writer) -> int:
     present = _present(db)
     spec = db.format.conversations
     assert spec is not None
-    conn.execute("DROP TABLE IF EXISTS temp.fg_sel")
-    conn.execute("CREATE TEMP TABLE fg_sel (key TEXT PRIMARY KEY)")
+    create_selection(conn)
     back = " UNION ".join(
         f'SELECT f.key FROM main.{tombstones.FORGOTTEN} f JOIN main."{t}" c ON c."id" = f.key WHERE {tombstones.LIVE}'
         for t in spec.tables
         if t in present
     )
-    conn.execute(f"INSERT OR IGNORE INTO temp.fg_sel {back}")
+    conn.execute(f"INSERT OR IGNORE INTO temp.fg_sel (key) {back}")
+    add_merge_forks(conn, db.format, present, tombstones.live_keys_sql())
     waiting = next(conn.execute("SELECT count(*) FROM temp.fg_sel"))[0] or (
         PENDING in present and any(conn.execute(f"SELECT 1 FROM main.{PENDING} LIMIT 1"))
     )
@@ -258,16 +265,13 @@ def _listing(db: Database, present: set[str]) -> tuple[Conversation, ...]:
         if named
         else "NULL"
     )
-    times = [
-        f'(SELECT max(unixepoch("{col}", \'subsec\')) FROM main."{t}" WHERE "{conv}" = s.key)'
-        for t, conv, col in spec.times
-        if t in present
-    ]
-    # Latest activity, read per conversation: for the report only.
-    latest = "max(" + ", ".join(f"coalesce({t}, -1e18)" for t in times) + ", -1e18)" if times else "-1e18"
+    # Latest activity, for the report: one pass per table over the selection.
+    latest(conn, spec.times, present, "fg_listed", within="temp.fg_sel")
     return tuple(
-        Conversation(key, label, _utc(when) if when is not None and when > -1e17 else None)
-        for key, label, when in conn.execute(f"SELECT s.key, {name}, {latest} FROM temp.fg_sel s ORDER BY s.key")
+        Conversation(key, label, _utc(when))
+        for key, label, when in conn.execute(
+            f"SELECT s.key, {name}, l.latest FROM temp.fg_sel s LEFT JOIN temp.fg_listed l ON l.key = s.key ORDER BY s.key"
+        )
     )
 
 

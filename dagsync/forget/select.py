@@ -21,7 +21,7 @@ import apsw
 from dagsync.errors import DagsyncError
 from dagsync.formats import Format
 
-__all__ = ["Selector", "parse_date", "select"]
+__all__ = ["Selector", "add_merge_forks", "create_selection", "latest", "parse_date", "select"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ def select(conn: apsw.Connection, fmt: Format, selector: Selector, present: set[
     """
     spec = fmt.conversations
     assert spec is not None
-    conn.execute("DROP TABLE IF EXISTS temp.fg_sel")
-    conn.execute("CREATE TEMP TABLE fg_sel (key TEXT PRIMARY KEY)")
+    create_selection(conn)
     tables = [t for t in spec.tables if t in present]
     everything = " UNION ".join(f'SELECT "id" AS key FROM main."{t}"' for t in tables)
     conditions: list[str] = []
@@ -77,7 +76,7 @@ def select(conn: apsw.Connection, fmt: Format, selector: Selector, present: set[
         conditions.append(f"k.key IN ({', '.join('?' * len(selector.ids))})")
         params += selector.ids
     if selector.before is not None:
-        _latest(conn, spec.times, present)
+        latest(conn, spec.times, present)
         conditions.append("k.key IN (SELECT key FROM temp.fg_latest WHERE latest < ?)")
         params.append(selector.before)
     if selector.models:
@@ -89,24 +88,76 @@ def select(conn: apsw.Connection, fmt: Format, selector: Selector, present: set[
     if not tables or not conditions:
         return 0
     conn.execute(
-        f"INSERT INTO temp.fg_sel SELECT DISTINCT k.key FROM ({everything}) k "
+        f"INSERT INTO temp.fg_sel (key) SELECT DISTINCT k.key FROM ({everything}) k "
         f"WHERE k.key IS NOT NULL AND {' AND '.join(conditions)}",
         params,
     )
+    add_merge_forks(conn, fmt, present, "SELECT key FROM temp.fg_sel")
     return next(conn.execute("SELECT count(*) FROM temp.fg_sel"))[0]
 
 
-def _latest(conn: apsw.Connection, times: tuple[tuple[str, str, str], ...], present: set[str]) -> None:
-    """``temp.fg_latest``: each conversation's latest time (unix), one pass per table."""
-    conn.execute("DROP TABLE IF EXISTS temp.fg_latest")
-    conn.execute("CREATE TEMP TABLE fg_latest (key TEXT PRIMARY KEY, latest REAL NOT NULL)")
+def create_selection(conn: apsw.Connection) -> None:
+    """``temp.fg_sel``: the conversations to forget; ``fork`` is 1 for a fork a merge
+    made of one (``add_merge_forks``), which goes with it but gets no tombstone of its own."""
+    conn.execute("DROP TABLE IF EXISTS temp.fg_sel")
+    conn.execute("CREATE TEMP TABLE fg_sel (key TEXT PRIMARY KEY, fork INTEGER NOT NULL DEFAULT 0)")
+
+
+def add_merge_forks(conn: apsw.Connection, fmt: Format, present: set[str], seed: str) -> None:
+    """Add to ``temp.fg_sel`` every fork row a merge made of a conversation ``seed``
+    (SQL selecting ids) names, and the forks of those forks.
+
+    When two files continued one conversation differently, a merge keeps one
+    branch in the conversation's row and gives the other a fork row
+    (``_dagsync_forks``: the other machine's branch of the same conversation).
+    It goes with the conversation: else forgetting it would keep that branch
+    or not depending on whether a merge saw both branches before the forget
+    reached it. A fork made with llm is a conversation of its own and stays.
+    """
+    spec = fmt.conversations
+    assert spec is not None
+    if "_dagsync_forks" not in present:
+        return
+    tables = [t for t in spec.tables if t in present]
+    marks = ", ".join("?" * len(tables))
+    if not tables:
+        return
+    conn.execute("DROP TABLE IF EXISTS temp.fg_fam")
+    # UNION, not UNION ALL: a cycle a hand-made file might hold ends.
+    conn.execute(
+        "CREATE TEMP TABLE fg_fam AS WITH RECURSIVE fam(key) AS "
+        f"(SELECT f.fork_key FROM main._dagsync_forks f WHERE f.pointer_table IN ({marks}) AND f.key IN ({seed}) "
+        f"UNION SELECT f.fork_key FROM main._dagsync_forks f JOIN fam ON f.key = fam.key WHERE f.pointer_table IN ({marks})) "
+        "SELECT key FROM fam",
+        (*tables, *tables),
+    )
+    for table in tables:
+        conn.execute(
+            f'INSERT OR IGNORE INTO temp.fg_sel (key, fork) SELECT c."id", 1 FROM main."{table}" c '
+            'WHERE c."id" IN (SELECT key FROM temp.fg_fam)'
+        )
+    conn.execute("DROP TABLE temp.fg_fam")
+
+
+def latest(
+    conn: apsw.Connection,
+    times: tuple[tuple[str, str, str], ...],
+    present: set[str],
+    name: str = "fg_latest",
+    within: str | None = None,
+) -> None:
+    """``temp.<name>``: each conversation's latest time (unix), one pass per table (the
+    conversation columns need no index); only those in table ``within``, if given."""
+    conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
+    conn.execute(f"CREATE TEMP TABLE {name} (key TEXT PRIMARY KEY, latest REAL NOT NULL)")
     for table, conversation, column in times:
         if table not in present:
             continue
+        only = f' AND "{conversation}" IN (SELECT key FROM {within})' if within else ""
         # unixepoch() reads every spelling llm writes; a time it cannot read is left out.
         conn.execute(
-            f'INSERT INTO temp.fg_latest SELECT "{conversation}", max(unixepoch("{column}", \'subsec\')) '
-            f'FROM main."{table}" WHERE "{conversation}" IS NOT NULL AND unixepoch("{column}", \'subsec\') IS NOT NULL '
+            f'INSERT INTO temp.{name} SELECT "{conversation}", max(unixepoch("{column}", \'subsec\')) '
+            f'FROM main."{table}" WHERE "{conversation}" IS NOT NULL AND unixepoch("{column}", \'subsec\') IS NOT NULL{only} '
             f'GROUP BY "{conversation}" '
             "ON CONFLICT (key) DO UPDATE SET latest = max(latest, excluded.latest)"
         )

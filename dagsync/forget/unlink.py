@@ -151,18 +151,19 @@ class Unlink:
 
     def run(self, now: float, tombstone: bool, progress_phase: str = "forget: deleting conversations") -> None:
         """Every conversation in ``temp.fg_sel``, a chunk of ids per write transaction."""
-        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS fg_chunk (key TEXT PRIMARY KEY)")
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS fg_chunk (key TEXT PRIMARY KEY, fork INTEGER NOT NULL)")
         total = next(self.conn.execute("SELECT count(*) FROM temp.fg_sel"))[0]
         done = 0
         for low, high in self.writer.ranges("temp.fg_sel", writes=True):
             with self.writer.transaction():
                 self.conn.execute("DELETE FROM temp.fg_chunk")
-                self.conn.execute("INSERT INTO temp.fg_chunk SELECT key FROM temp.fg_sel WHERE rowid BETWEEN ? AND ?", (low, high))
+                self.conn.execute("INSERT INTO temp.fg_chunk SELECT key, fork FROM temp.fg_sel WHERE rowid BETWEEN ? AND ?", (low, high))
                 self.find("SELECT key FROM temp.fg_chunk")
                 if not self.dry_run:
                     bookkeeping.ensure(self.conn)
                     if tombstone:
-                        tombstones.record(self.conn, "SELECT key FROM temp.fg_chunk", now)
+                        # A merge's fork goes with its conversation, whose tombstone names it.
+                        tombstones.record(self.conn, "SELECT key FROM temp.fg_chunk WHERE NOT fork", now)
                 self.note()
                 if self.delete() and not self.dry_run:
                     bookkeeping.rewritten(self.conn, "forget")  # a source's next merge reads it whole
