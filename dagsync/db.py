@@ -145,7 +145,68 @@ def check_pages(conn: apsw.Connection, path: Path) -> None:
     except (apsw.CorruptError, apsw.NotADBError) as exc:
         _refuse_damage(path, str(exc), "nothing was written - ")
     checks = [f"PRAGMA quick_check({quote(name)})" for name in tables]
-    _refuse_damage(path, _checked(conn, checks), "nothing was written - ")
+    _refuse_damage(path, _checked_on_two_cores(conn, path, checks), "nothing was written - ")
+
+
+# The page cache of a page check (KiB): each page is read once, so a big cache
+# would only raise the peak memory of the command that checks.
+CHECK_CACHE_KIB = 2048
+
+
+def _checked_on_two_cores(conn: apsw.Connection, path: Path, checks: list[str]) -> str:
+    """``_checked``, the checks shared between ``conn`` and a second, read-only
+    connection in a thread (SQLite runs without the GIL): what the first of
+    ``checks`` to find damage says, as one connection would, or "ok".
+
+    Two readers lock no longer than one: a writer that wants the file (llm)
+    takes its PENDING lock, which lets no new check begin, and waits for the
+    checks under way, one table each, as it would for one connection's.
+    """
+    try:
+        with others.own_open(str(path)):
+            helper = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.Error:
+        helper = None
+    if helper is None or len(checks) < 2:
+        if helper is not None:
+            helper.close()
+        return _checked(conn, checks)
+    saved = next(conn.execute("PRAGMA main.cache_size"))[0]
+    queue = list(enumerate(checks))
+    found: dict[int, str] = {}
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(c: apsw.Connection) -> None:
+        try:
+            while True:
+                with lock:
+                    if not queue or failed or (found and queue[0][0] > min(found)):
+                        return
+                    n, check = queue.pop(0)
+                problem = _checked(c, [check])
+                if problem != "ok":
+                    with lock:
+                        found[n] = problem
+        except BaseException as exc:  # an I/O error, say: raised in the caller's thread
+            with lock:
+                failed.append(exc)
+
+    try:
+        harden(helper)
+        patient(helper, READ_BUSY_TIMEOUT_MS)
+        helper.execute(f"PRAGMA cache_size = -{CHECK_CACHE_KIB}")
+        conn.execute(f"PRAGMA main.cache_size = -{CHECK_CACHE_KIB}")
+        thread = threading.Thread(target=work, args=(helper,), name="dagsync page check", daemon=True)
+        thread.start()
+        work(conn)
+        thread.join()
+    finally:
+        conn.execute(f"PRAGMA main.cache_size = {saved}")
+        helper.close()
+    if failed:
+        raise failed[0]
+    return found[min(found)] if found else "ok"
 
 
 def _checked(conn: apsw.Connection, checks: list[str]) -> str:

@@ -31,6 +31,7 @@ from dagsync import faults
 from dagsync.db import Database, open_source
 from dagsync.errors import BlobError
 from dagsync.faults import one_line
+from dagsync.forget import tombstones
 from dagsync.formats.dag import DAG
 from dagsync.packed import Blobs, lost_store, marker_sql, sha256
 from dagsync.rehash import (
@@ -126,10 +127,28 @@ def _integrity(db: Database):
 
 
 def _foreign_keys(db: Database):
-    for table, rowid, parent, _ in db.conn.execute("PRAGMA foreign_key_check"):
+    spec = db.format.conversations
+    forgotten = bookkeeping.has(db.conn, tombstones.FORGOTTEN)
+    for table, rowid, parent, fkid in db.conn.execute("PRAGMA foreign_key_check"):
         if table == "messages":
             continue  # reported, with more to say, as a dangling parent
+        if forgotten and spec is not None and parent in spec.tables and _names_forgotten(db, table, rowid, fkid):
+            continue  # a fork's forked_from to a thread since forgotten (dagsync/forget)
         yield Problem("foreign keys", table, f"rowid {rowid}", f"refers to a {parent} row that does not exist")
+
+
+def _names_forgotten(db: Database, table: str, rowid: int, fkid: int) -> bool:
+    """Whether the reference ``fkid`` of row ``rowid`` names a conversation the file forgot."""
+    columns = [row[3] for row in db.conn.execute(f'PRAGMA foreign_key_list("{table}")') if row[0] == fkid]
+    if len(columns) != 1:
+        return False
+    return any(
+        db.conn.execute(
+            f'SELECT 1 FROM main.{tombstones.FORGOTTEN} f JOIN main."{table}" t ON t."{columns[0]}" = f.key '
+            "WHERE t.rowid = ?",
+            (rowid,),
+        )
+    )
 
 
 def _roots(db: Database) -> tuple[str, str, str]:

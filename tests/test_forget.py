@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from dagsync.forget import Selector, forget, restore
 from dagsync.formats.dag import ROOT
+from dagsync.merge import merge
 from dagsync.message import Message, TextPart
 from dagsync.store import MessageStore
 from dagsync.verify import verify
@@ -127,6 +129,45 @@ def test_forget_is_idempotent(home: Path):
     assert db.read_bytes() == snapshot  # nothing to do writes nothing
 
 
+def test_a_fork_a_merge_made_goes_with_its_thread_and_one_made_through_llm_stays(home: Path, tmp_path_factory):
+    """The laptop and the server continue thread A differently; the merge keeps
+    one branch on A and gives the other a fork thread. Forgetting A forgets both
+    (the fork is A on the other machine). A fork made through llm's own API is a
+    thread of its own: it stays, its forked_from naming a thread since forgotten,
+    and every file still merges and verifies."""
+    db = home / "logs.db"
+    server = tmp_path_factory.mktemp("server")
+    shutil.copyfile(db, server / "logs.db")
+    a = thread_of(home, "a follow-up only thread A has")
+    llm(home, "-m", "echo", "--cid", a, "the laptop goes on")
+    llm(server, "-m", "echo", "--cid", a, "the server goes on")
+    store = LogStore(sqlite_utils.Database(db))
+    own = store.fork(store.thread_tip(thread_of(home, "an unrelated banana question")), name="mine", forked_from=a)
+    merge(db, [server / "logs.db"])
+    with sqlite3.connect(db) as conn:
+        ((branch,),) = conn.execute("SELECT fork_key FROM _dagsync_forks").fetchall()
+    assert branch in {r["conversation_id"] for r in logs(home)}
+
+    report = forget(db, Selector(ids=(a,)))
+    assert {c.id for c in report.conversations} == {a, branch}
+    left = {r["conversation_id"] for r in logs(home)}
+    assert a not in left and branch not in left
+    assert "goes on" not in json.dumps(logs(home))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT forked_from FROM threads WHERE id = ?", (own,)).fetchone() == (a,)
+        assert conn.execute("SELECT key FROM _dagsync_forgotten").fetchall() == [(a,)]  # the fork goes with it
+    assert verify(db).problems == ()
+    assert LogStore(sqlite_utils.Database(db)).verify() == []
+    fresh = tmp_path_factory.mktemp("fresh") / "logs.db"
+    merge(fresh, [db])  # the dangling forked_from resolves as forgotten
+    merge(server / "logs.db", [db])  # and the server forgets A and its branch too
+    for path in (fresh, server / "logs.db"):
+        with sqlite3.connect(path) as conn:
+            assert not {a, branch} & {t for (t,) in conn.execute("SELECT id FROM threads")}
+            assert conn.execute("SELECT count(*) FROM threads WHERE id = ?", (own,)).fetchone() == (1,)
+        assert verify(path).problems == ()
+
+
 def test_dag_format_forget_keeps_the_shared_prefix(tmp_path: Path):
     path = tmp_path / "dag.db"
     shared = [Message(role="system", parts=[TextPart(text="be brief")]), Message(role="user", parts=[TextPart(text="hello")])]
@@ -190,7 +231,6 @@ def test_cli_forget_errors(home: Path):
 
 
 def test_a_source_merged_before_is_merged_whole_after_a_forget(home: Path, tmp_path_factory):
-    from dagsync.merge import merge
 
     work = tmp_path_factory.mktemp("m")
     source, target = work / "source.db", work / "target.db"
@@ -205,7 +245,6 @@ def test_a_source_merged_before_is_merged_whole_after_a_forget(home: Path, tmp_p
 
 
 def test_a_merge_does_not_bring_a_forgotten_conversation_back_and_sync_carries_the_forget(home: Path, tmp_path_factory):
-    from dagsync.merge import merge
     from dagsync.sync import sync
 
     work = tmp_path_factory.mktemp("m")
@@ -234,7 +273,6 @@ def test_a_merge_does_not_bring_a_forgotten_conversation_back_and_sync_carries_t
 
 
 def test_a_bundle_carries_the_forget_to_the_other_machine(home: Path, tmp_path_factory):
-    from dagsync.merge import merge
 
     work = tmp_path_factory.mktemp("b")
     laptop, server = work / "laptop.db", work / "server.db"

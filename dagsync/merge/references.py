@@ -11,7 +11,9 @@ so the pass that names one runs only when there is one.
 
 from __future__ import annotations
 
+from dagsync import bookkeeping
 from dagsync.errors import DamagedSource
+from dagsync.forget import tombstones
 from dagsync.formats import Key, Table
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
 from dagsync.merge.maps import expr, key_match, payload
@@ -76,10 +78,24 @@ def _checks(run: SourceMerge, table: Table) -> list[Check]:
                 else "0"
             )
             in_target = f'EXISTS (SELECT 1 FROM main."{ref}" r WHERE r."{ref_key}" = s."{column}")'
-            fails = f"NOT ({in_source} OR {in_target})"
+            fails = f"NOT ({in_source} OR {in_target}{_forgotten(run, ref, column)})"
             why = "which neither file has"
         checks.append((column, ref, f'(s."{column}" IS NOT NULL AND {fails})', why))
     return checks
+
+
+def _forgotten(run: SourceMerge, ref: str, column: str) -> str:
+    """SQL (`` OR ...``) true when ``s.column`` names a conversation either file forgot:
+    a fork made through llm's API keeps its ``forked_from`` to a thread since
+    forgotten (dagsync/forget), which resolves that way."""
+    spec = run.fmt.conversations
+    if spec is None or ref not in spec.tables:
+        return ""
+    return "".join(
+        f' OR EXISTS (SELECT 1 FROM {schema}.{tombstones.FORGOTTEN} f WHERE f.key = s."{column}")'
+        for schema in ("src", "main")
+        if bookkeeping.has(run.conn, tombstones.FORGOTTEN, schema)
+    )
 
 
 def _find(run: SourceMerge, table: Table, checks: list[Check]) -> None:
