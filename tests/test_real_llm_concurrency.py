@@ -1,21 +1,97 @@
-"""Guarantee 7 with the real client: llm keeps logging to the target during a large merge."""
+"""Guarantee 7 with the real client: llm keeps logging to the target during a
+large merge, and during a large forget."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from dagsync.forget import Selector, forget
 from dagsync.merge import merge
+from dagsync.verify import verify
 
 pytest.importorskip("llm")
 from fixtures import family_llm  # noqa: E402
+
+
+class Prompter:
+    """One llm process at a time, prompting in a loop, as a person at a terminal runs it.
+
+    (Two llm processes can fail each other: llm reads, then upgrades to write,
+    in a deferred transaction; two doing that at once is refused by SQLite
+    whoever else holds the file. See docs/merge.md.)
+    """
+
+    def __init__(self, env: dict[str, str], during: str) -> None:
+        self.env, self.during = env, during
+        self.sent: list[tuple[str, float, float]] = []
+        self.failures: list[str] = []
+        self.windows: list[tuple[float, float]] = []  # when the operation ran
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.done.is_set():
+            n += 1
+            prompt = f"live prompt number {n} during the {self.during}"
+            began = time.perf_counter()
+            run = subprocess.run(
+                [sys.executable, "-m", "llm", "-m", "echo", prompt], env=self.env, capture_output=True, text=True
+            )
+            if run.returncode:
+                self.failures.append(run.stderr)
+            else:
+                self.sent.append((prompt, began, time.perf_counter()))
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.windows.append((started, time.perf_counter()))
+
+    def inside(self) -> list[str]:
+        """The prompts that ran entirely inside the operation."""
+        return [p for p, began, ended in self.sent if any(began > start and ended < end for start, end in self.windows)]
+
+    def logged(self) -> set[str]:
+        listed = subprocess.run(
+            [sys.executable, "-m", "llm", "logs", "list", "--json", "-n", "0"], env=self.env,
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        return {r["prompt"] for r in json.loads(listed)}
+
+
+@contextlib.contextmanager
+def prompting(user_dir: Path, during: str) -> Iterator[Prompter]:
+    prompter = Prompter({**os.environ, "LLM_USER_PATH": str(user_dir)}, during)
+    thread = threading.Thread(target=prompter.run)
+    thread.start()
+    try:
+        time.sleep(1.0)  # llm is already writing when the operation starts
+        yield prompter
+        time.sleep(1.0)
+    finally:
+        # Even when the operation failed: a prompter left running keeps the test run alive.
+        prompter.done.set()
+        thread.join()
+
+
+def llm_verifies(target: Path) -> None:
+    import sqlite_utils
+    from llm.logs import LogStore
+
+    assert LogStore(sqlite_utils.Database(target)).verify() == []
 
 
 def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
@@ -27,64 +103,44 @@ def test_llm_prompts_during_a_merge_never_hit_a_locked_database(tmp_path):
     user_dir.mkdir()
     target = user_dir / "logs.db"
     shutil.copyfile(machines[0], target)
-    env = {**os.environ, "LLM_USER_PATH": str(user_dir)}
-    sent: list[tuple[str, float, float]] = []
-    failures: list[str] = []
-    done = threading.Event()
-
-    def keep_prompting(who: str) -> None:
-        n = 0
-        while not done.is_set():
-            n += 1
-            prompt = f"live prompt number {n} from {who} during the merge"
-            began = time.perf_counter()
-            run = subprocess.run(
-                [sys.executable, "-m", "llm", "-m", "echo", prompt], env=env, capture_output=True, text=True
-            )
-            if run.returncode:
-                failures.append(run.stderr)
-            else:
-                sent.append((prompt, began, time.perf_counter()))
-
-    # One llm process at a time, as a person at a terminal runs it. (Two llm
-    # processes can fail each other: llm reads, then upgrades to write, in a
-    # deferred transaction; two doing that at once is refused by SQLite
-    # whoever else holds the file. See docs/merge.md.)
-    prompters = [threading.Thread(target=keep_prompting, args=("alice",))]
-    for prompter in prompters:
-        prompter.start()
-    time.sleep(1.0)  # llm is already writing when the merge starts
-    windows: list[tuple[float, float]] = []
-
-    def inside_a_merge() -> list[str]:
-        return [p for p, began, ended in sent if any(began > start and ended < end for start, end in windows)]
-
-    try:
+    with prompting(user_dir, "merge") as prompter:
         for source in machines[1:]:
-            started = time.perf_counter()
-            report = merge(target, [source])
-            windows.append((started, time.perf_counter()))
+            with prompter.timed():
+                report = merge(target, [source])
             assert report.sources[0].table("messages").added > 0
-            if len(inside_a_merge()) >= 3:
+            if len(prompter.inside()) >= 3:
                 break
-        time.sleep(1.0)
-    finally:
-        # Even when the merge failed: a prompter left running keeps the test run alive.
-        done.set()
-        for prompter in prompters:
-            prompter.join()
-    assert failures == [], failures[0]
-    merging = sum(end - start for start, end in windows)
-    assert len(inside_a_merge()) >= 3, f"only {len(inside_a_merge())} prompts ran inside {merging:.1f}s of merging"
-    listed = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "llm", "logs", "list", "--json", "-n", "0"], env=env,
-            check=True, capture_output=True, text=True,
-        ).stdout
-    )  # fmt: skip
-    prompts = {r["prompt"] for r in listed}
-    assert {p for p, _, _ in sent} <= prompts
-    import sqlite_utils
-    from llm.logs import LogStore
+    assert prompter.failures == [], prompter.failures[0]
+    merging = sum(end - start for start, end in prompter.windows)
+    assert len(prompter.inside()) >= 3, f"only {len(prompter.inside())} prompts ran inside {merging:.1f}s of merging"
+    assert {p for p, _, _ in prompter.sent} <= prompter.logged()
+    llm_verifies(target)
 
-    assert LogStore(sqlite_utils.Database(target)).verify() == []
+
+def test_llm_prompts_during_a_large_forget_never_fail(tmp_path):
+    # A sixth of the threads per forget, until enough prompts ran entirely
+    # inside one; the threads llm's prompts start are never among them.
+    (machine,) = [r.path for r in family_llm(tmp_path / "fam", seed=72, machines=1, conversations=9000)]
+    user_dir = tmp_path / "llm"
+    user_dir.mkdir()
+    target = user_dir / "logs.db"
+    shutil.copyfile(machine, target)
+    with sqlite3.connect(target) as conn:
+        batches = [[t for (t,) in conn.execute("SELECT id FROM threads WHERE rowid % 6 = ?", (k,))] for k in range(6)]
+    forgotten: set[str] = set()
+    with prompting(user_dir, "forget") as prompter:
+        for batch in batches:
+            with prompter.timed():
+                report = forget(target, Selector(ids=tuple(batch)))
+            assert len(report.conversations) >= len(batch) and report.messages > 0
+            forgotten |= {c.id for c in report.conversations}
+            if len(prompter.inside()) >= 3:
+                break
+    assert prompter.failures == [], prompter.failures[0]
+    forgetting = sum(end - start for start, end in prompter.windows)
+    assert len(prompter.inside()) >= 3, f"only {len(prompter.inside())} prompts ran inside {forgetting:.1f}s of forgetting"
+    assert {p for p, _, _ in prompter.sent} <= prompter.logged()
+    with sqlite3.connect(target) as conn:
+        assert not forgotten & {t for (t,) in conn.execute("SELECT id FROM threads")}
+    llm_verifies(target)
+    assert verify(target).problems == ()

@@ -72,24 +72,26 @@ class Collect(GcRun):
         msgs, key, parent = self.main_table("messages"), self.key, self.parent
         conn = self.conn
         conn.execute(
-            "CREATE TEMP TABLE fg_c (key TEXT PRIMARY KEY, rid INTEGER, prid INTEGER, blocked INTEGER NOT NULL DEFAULT 0);"
+            "CREATE TEMP TABLE fg_c (key TEXT PRIMARY KEY, rid INTEGER, parent TEXT, prid INTEGER,"
+            " blocked INTEGER NOT NULL DEFAULT 0);"
             "CREATE TEMP TABLE fg_block (key TEXT PRIMARY KEY);"
         )
-        root = "" if self.fmt.root_id is None else f" AND m.\"{key}\" != '{self.fmt.root_id}'"
-        # C: up the parent links from each pending message; a walk stops where an
+        root = "" if self.fmt.root_id is None else f" WHERE key != '{self.fmt.root_id}'"
+        # C: up the parent links from each pending message, each message read
+        # once (its row id and parent carried along); a walk stops where an
         # earlier one passed (what it reaches is in C already).
         for low, high in self.writer.ranges(self.pending, "key", phase="forget: reading messages", where="tbl = 'messages'"):
             conn.execute(
-                "WITH RECURSIVE up(key) AS ("
-                f" SELECT p.key FROM {self.pending} p WHERE p.tbl = 'messages' AND p.key BETWEEN ? AND ?"
-                f" UNION SELECT m.\"{parent}\" FROM up JOIN {msgs} m ON m.\"{key}\" = up.key"
-                f" WHERE m.\"{parent}\" IS NOT NULL AND m.\"{parent}\" != m.\"{key}\""
-                "   AND up.key NOT IN (SELECT key FROM temp.fg_c)"
-                f") INSERT OR IGNORE INTO temp.fg_c (key, rid, prid) SELECT m.\"{key}\", m.rowid, pm.rowid "
-                f"FROM up JOIN {msgs} m ON m.\"{key}\" = up.key LEFT JOIN {msgs} pm ON pm.\"{key}\" = m.\"{parent}\" "
-                f"WHERE 1{root}",
+                "WITH RECURSIVE up(key, rid, parent) AS ("
+                f' SELECT m."{key}", m.rowid, m."{parent}" FROM {self.pending} p JOIN {msgs} m ON m."{key}" = p.key'
+                "  WHERE p.tbl = 'messages' AND p.key BETWEEN ? AND ?"
+                f' UNION SELECT m."{key}", m.rowid, m."{parent}" FROM up JOIN {msgs} m ON m."{key}" = up.parent'
+                "  WHERE up.parent IS NOT NULL AND up.parent != up.key AND up.key NOT IN (SELECT key FROM temp.fg_c)"
+                f") INSERT OR IGNORE INTO temp.fg_c (key, rid, parent) SELECT key, rid, parent FROM up{root}",
                 (low, high),
             )
+        # Every parent of a member is a member (or the root): its row id from C itself.
+        conn.execute("UPDATE temp.fg_c SET prid = (SELECT p.rid FROM temp.fg_c p WHERE p.key = fg_c.parent)")
         # Kept: what a root still points at, and what has a child outside C ...
         for table, column in self.roots:
             if table not in self.present:
