@@ -44,8 +44,11 @@ class Shared:
 
 
 def _bytes(columns: tuple[str, ...], alias: str) -> str:
-    """SQL for the bytes a row's values take (text as UTF-8, numbers as written)."""
-    return " + ".join(f'coalesce(length(CAST({alias}."{c}" AS BLOB)), 0)' for c in columns) or "0"
+    """SQL for the bytes a row's values take (text as UTF-8, numbers as written).
+
+    ``octet_length``, not ``length(CAST(... AS BLOB))``: the same number, without
+    copying a value out of its overflow pages to count it."""
+    return " + ".join(f'coalesce(octet_length({alias}."{c}"), 0)' for c in columns) or "0"
 
 
 class GcRun:
