@@ -191,9 +191,11 @@ def locked_message(path: Path) -> str:
 @pytest.mark.parametrize("command", ["gc", "merge into", "merge from", "stats", "verify"])
 def test_a_lock_held_longer_than_dagsync_waits_is_named(inputs, tmp_path, command, monkeypatch):
     """One line, exit 1, naming the file that is locked, whichever it is."""
-    from dagsync import db
+    from dagsync import checks, db
 
-    monkeypatch.setattr(db, "READ_BUSY_TIMEOUT_MS", 1000)  # a reader's patience, shortened for the test
+    # A reader's patience, shortened for the test: the sources' (db) and their page checks' (checks).
+    monkeypatch.setattr(db, "READ_BUSY_TIMEOUT_MS", 1000)
+    monkeypatch.setattr(checks, "READ_BUSY_TIMEOUT_MS", 1000)
     target, args = fresh(inputs, "gc" if command in ("gc", "stats", "verify") else "merge", tmp_path)
     source = tmp_path / "source.db"
     shutil.copyfile(inputs["source"], source)
