@@ -37,9 +37,12 @@ from dagsync.formats import Format
 from dagsync.merge import delta, marks
 from dagsync.merge.core import source_label
 
-__all__ = ["BUNDLE_TABLE", "BundleReport", "Received", "make", "marks_of", "meta", "received"]
+__all__ = ["BUNDLE_TABLE", "WHOLE_AGAIN", "BundleReport", "Received", "make", "marks_of", "meta", "received"]
 
 BUNDLE_TABLE = "_dagsync_bundle"
+# What a target that forgot rows a bundle's new rows refer to asks for (merge,
+# forgotten_below); push and pull then send the whole source.
+WHOLE_AGAIN = "make the bundle again without --marks (the whole source)"
 MARKS_VERSION = 1
 
 
@@ -167,6 +170,8 @@ def _against(
         return {}, None, "no marks given"
     if not target_marks.get("exists", True):
         return {}, None, "a new target"
+    if target_marks.get("whole_because"):
+        return {}, None, str(target_marks["whole_because"])  # the target asked for the whole source
     reasons = []
     for entry in target_marks.get("sources", ()):
         if entry.get("identity") != identity:
@@ -217,6 +222,9 @@ class Received:
     now: dict[str, tuple[int, str | None]]
     label: str
     source: str
+    # A bundle of the whole source: the entry it replaces (its source's, by identity
+    # and path), whose marks would otherwise stand beside the new ones.
+    replaces: int | None = None
 
 
 def received(conn: apsw.Connection, fmt: Format, bundle: Path, found: dict) -> Received:
@@ -244,7 +252,14 @@ def received(conn: apsw.Connection, fmt: Format, bundle: Path, found: dict) -> R
                 f"{bundle} leaves out {table} rows its source changed in place (the digest of its pointers "
                 "does not match); nothing was merged - make the bundle again with --all-pointers"
             )
-    return Received(identity, entry, {t: (int(m), k) for t, (m, k) in found["now"].items()}, found["label"], found["source"])
+    replaces = None
+    if not since and bookkeeping.has(conn, "_dagsync_sources"):
+        replaces = next(iter(conn.execute(
+            "SELECT id FROM main._dagsync_sources WHERE identity = ? AND path = ? ORDER BY id LIMIT 1",
+            (identity, found["source"]),
+        )), (None,))[0]  # fmt: skip
+    now = {t: (int(m), k) for t, (m, k) in found["now"].items()}
+    return Received(identity, entry, now, found["label"], found["source"], replaces)
 
 
 def _holding(conn: apsw.Connection, identity: str, since: dict[str, tuple[int, str | None]]) -> int | None:

@@ -38,5 +38,16 @@ class DamagedSource(DagsyncError):
     """A source whose rows contradict themselves (a cycle, a dangling reference)."""
 
 
+class UnresolvedReference(DamagedSource):
+    """A row of a thin source (a delta, a bundle) refers to a row that neither it nor
+    the target has. In a target that forgot conversations that is no damage: the
+    forget removed what the row refers to, and only the whole source has it again
+    (``merge`` falls back to a full merge; a bundle must be made whole)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail  # what refers to what, without the advice
+
+
 class BlobError(DagsyncError, LookupError):
     """A packed value cannot be read: its blob or the blob's dictionary is missing or damaged."""

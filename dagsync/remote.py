@@ -218,12 +218,13 @@ def push(
     started = time.perf_counter()
     cache = MarksCache(remote, Path(source))
     with tempfile.TemporaryDirectory(prefix="dagsync-push-") as d:
-        for all_pointers in (False, True):
-            guessed = None if all_pointers else cache.read()
+        retry = Retry()
+        while True:
+            guessed = None if retry.again else cache.read()
             guess = _Guess(Path(source), guessed, Path(d) / "guess.db", label) if guessed is not None else None
             try:
                 status, stdout, stderr, made, sent = _push_once(
-                    source, remote, transport, Path(d), guess, all_pointers, dry_run, label, progress
+                    source, remote, transport, Path(d), guess, retry, dry_run, label, progress
                 )
             finally:
                 if guess is not None:
@@ -234,16 +235,45 @@ def push(
                 if len(lines) > 1:
                     cache.write(json.loads(lines[1]))  # the marks there now: the next push's guess
                 guessed = guess is not None and made is guess.made
-                return _report("push", source, remote, dry_run, made, sent, all_pointers, merged, started, guessed)
+                return _report("push", source, remote, dry_run, made, sent, retry.all_pointers, merged, started, guessed)
             failure = transport.failure(remote, status, stderr)
-            if LEFT_OUT not in str(failure) or all_pointers:
+            if not retry.after(failure):
                 raise failure
-    raise AssertionError("unreachable")
+
+
+class Retry:
+    """How a push or pull sends its bundle again when the receiving side refuses it
+    for what it left out: with every pointer row (``LEFT_OUT``), or the whole
+    source (``bundle.WHOLE_AGAIN``: the target forgot rows the new ones refer to).
+    Each once."""
+
+    def __init__(self) -> None:
+        self.all_pointers = False
+        self.whole_because: str | None = None
+
+    @property
+    def again(self) -> bool:
+        return self.all_pointers or self.whole_because is not None
+
+    def after(self, failure: Exception) -> bool:
+        """Whether to send again after ``failure``; if so, how is set."""
+        text = str(failure)
+        if bundle.WHOLE_AGAIN in text and self.whole_because is None:
+            self.whole_because = "the target forgot rows that new ones refer to"
+            return True
+        if LEFT_OUT in text and not self.again:
+            self.all_pointers = True
+            return True
+        return False
+
+    def marks(self, held: dict) -> dict:
+        """The marks to make the bundle against."""
+        return {**held, "whole_because": self.whole_because} if self.whole_because else held
 
 
 def _push_once(
     source: str | os.PathLike[str], remote: Remote, transport: Transport, scratch: Path, guess: _Guess | None,
-    all_pointers: bool, dry_run: bool, label: str | None, progress: Progress | None,
+    retry: Retry, dry_run: bool, label: str | None, progress: Progress | None,
 ) -> tuple[int, bytes, bytes, bundle.BundleReport, int]:  # fmt: skip
     """One session of a push: the far side's marks, the bundle made against them
     (or the guess, if it was), sent; the far side's exit status, output and errors,
@@ -266,9 +296,10 @@ def _push_once(
     say("making the bundle", 0, 0)
     try:
         made = guess.take(held) if guess is not None else None
-        out = guess.out if made is not None and guess is not None else scratch / f"bundle-{int(all_pointers)}.db"
+        out = guess.out if made is not None and guess is not None else scratch / "bundle.db"
         if made is None:
-            made = bundle.make(source, held, out, label=label, all_pointers=all_pointers)
+            out.unlink(missing_ok=True)  # an earlier try's
+            made = bundle.make(source, retry.marks(held), out, label=label, all_pointers=retry.all_pointers)
     except BaseException:
         proc.kill()
         proc.wait()
@@ -306,15 +337,16 @@ def pull(
     target = Path(target)
     held = bundle.marks_of(target) if target.exists() and target.stat().st_size else {"sources": [], "exists": False}
     with scratch_beside(target, "dagsync-pull") as landing:
-        for all_pointers in (False, True):
-            args = ["send", remote.path] + (["--all-pointers"] if all_pointers else [])
+        retry = Retry()
+        while True:
+            args = ["send", remote.path] + (["--all-pointers"] if retry.all_pointers else [])
             if label:
                 args += ["--label", label]
             proc = subprocess.Popen(
                 transport.command(remote, *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-            proc.stdin.write(json.dumps(held).encode())
+            proc.stdin.write(json.dumps(retry.marks(held)).encode())
             proc.stdin.close()
             landing.unlink(missing_ok=True)
             say(f"{remote.host} makes the bundle", 0, 0)
@@ -333,12 +365,11 @@ def pull(
             try:
                 report = merge(target, [landing], dry_run=dry_run, progress=progress)
             except DagsyncError as exc:
-                if LEFT_OUT in str(exc) and not all_pointers:
+                if retry.after(exc):
                     continue
                 raise
             merged = json.loads(json.dumps(dataclasses.asdict(report)))
-            return _report("pull", remote, target, dry_run, made, got, all_pointers, merged, started)
-    raise AssertionError("unreachable")
+            return _report("pull", remote, target, dry_run, made, got, retry.all_pointers, merged, started)
 
 
 def _silent(phase: str, done: int, total: int) -> None:

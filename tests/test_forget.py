@@ -230,20 +230,6 @@ def test_cli_forget_errors(home: Path):
     assert dagsync("forget", "--help").returncode == 0
 
 
-def test_a_source_merged_before_is_merged_whole_after_a_forget(home: Path, tmp_path_factory):
-
-    work = tmp_path_factory.mktemp("m")
-    source, target = work / "source.db", work / "target.db"
-    source.write_bytes((home / "logs.db").read_bytes())
-    merge(target, [source])
-    assert merge(target, [source]).sources[0].incremental
-    forget(target, Selector(queries=("banana",)))
-    again = merge(target, [source]).sources[0]
-    assert not again.incremental
-    assert again.full_because is not None and "forget at" in again.full_because
-    assert verify(target).problems == ()
-
-
 def test_a_merge_does_not_bring_a_forgotten_conversation_back_and_sync_carries_the_forget(home: Path, tmp_path_factory):
     from dagsync.sync import sync
 

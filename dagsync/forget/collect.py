@@ -43,9 +43,10 @@ class Collect(GcRun):
         super().__init__(db, 0.0, now, dry_run, writer.progress, writer=writer)
         self.unlink = unlink
         self.pending = pending
-        # Rows merged from a source are gone: its next merge is a full one
-        # (merge.marks), as after gc.
-        self.stamp = "forget"
+        # No `rewritten` stamp, unlike gc: what goes belongs to tombstoned
+        # conversations alone, and the marks still hold with that gap
+        # (merge.forgotten_below).
+        self.stamp = None
         self.shared_prefix = 0  # messages the forgotten conversations reached that stay
 
     def gone(self, table: str, alias: str) -> str:

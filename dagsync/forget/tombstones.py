@@ -15,7 +15,7 @@ import apsw
 
 from dagsync import bookkeeping
 
-__all__ = ["FORGOTTEN", "LIVE", "PENDING", "import_from", "live_keys_sql", "record", "restore"]
+__all__ = ["FORGOTTEN", "LIVE", "PENDING", "import_from", "kept", "lifted", "live_keys_sql", "record", "restore"]
 
 FORGOTTEN = "_dagsync_forgotten"
 PENDING = "_dagsync_forget_pending"
@@ -25,6 +25,11 @@ LIVE = "(f.restored_at IS NULL OR f.restored_at < f.forgotten_at)"
 
 def has(conn: apsw.Connection, schema: str = "main") -> bool:
     return bookkeeping.has(conn, FORGOTTEN, schema)
+
+
+def kept(conn: apsw.Connection, schema: str = "main") -> bool:
+    """Whether ``schema`` keeps any tombstone, live or lifted: a forget removed rows from it."""
+    return has(conn, schema) and any(conn.execute(f"SELECT 1 FROM {schema}.{FORGOTTEN} LIMIT 1"))
 
 
 def live_keys_sql(schema: str = "main") -> str:
@@ -53,6 +58,8 @@ def restore(conn: apsw.Connection, keys: tuple[str, ...] | None, now: float) -> 
     conn.execute(
         f"UPDATE main.{FORGOTTEN} AS f SET restored_at = max(?, f.forgotten_at) WHERE {LIVE} AND {where}", (now, *params)
     )
+    if count:
+        lifted(conn)
     return count
 
 
@@ -75,10 +82,24 @@ def import_from(conn: apsw.Connection, schema: str) -> int:
     if not changed:
         return 0
     bookkeeping.ensure(conn)
+    live = _live(conn)
     conn.execute(
         f"INSERT INTO main.{FORGOTTEN} (key, forgotten_at, restored_at) {newer} "
         "ON CONFLICT (key) DO UPDATE SET forgotten_at = max(forgotten_at, excluded.forgotten_at), "
         "restored_at = CASE WHEN restored_at IS NULL THEN excluded.restored_at "
         "WHEN excluded.restored_at IS NULL THEN restored_at ELSE max(restored_at, excluded.restored_at) END"
     )
+    if live - _live(conn):
+        lifted(conn)
     return changed
+
+
+def lifted(conn: apsw.Connection) -> None:
+    """After tombstones were lifted (a restore, here or imported): the rows the forget
+    removed lie below every source's marks, so the next merge of each reads it whole
+    and brings them back (``bookkeeping.rewritten``). Inside a write transaction."""
+    bookkeeping.rewritten(conn, "restore")
+
+
+def _live(conn: apsw.Connection) -> set[str]:
+    return {key for (key,) in conn.execute(live_keys_sql())}

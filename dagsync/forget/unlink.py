@@ -165,8 +165,8 @@ class Unlink:
                         # A merge's fork goes with its conversation, whose tombstone names it.
                         tombstones.record(self.conn, "SELECT key FROM temp.fg_chunk WHERE NOT fork", now)
                 self.note()
-                if self.delete() and not self.dry_run:
-                    bookkeeping.rewritten(self.conn, "forget")  # a source's next merge reads it whole
+                # No `rewritten` stamp: the marks still hold (merge.forgotten_below).
+                self.delete()
             done += next(self.conn.execute("SELECT count(*) FROM temp.fg_sel WHERE rowid BETWEEN ? AND ?", (low, high)))[0]
             self.writer.progress(progress_phase, done, total)
 

@@ -50,7 +50,8 @@ import apsw
 
 from dagsync import blobs, bookkeeping, faults, packed, transactions
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
-from dagsync.errors import DagsyncError, UnsupportedDatabase
+from dagsync.errors import DagsyncError, UnresolvedReference, UnsupportedDatabase
+from dagsync.forget import tombstones
 from dagsync.formats import Key, Table
 from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs, shared
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
@@ -211,7 +212,8 @@ def _decide(target: Database, source: Path, full_because: str | None) -> marks.D
                         "SELECT tbl, mark, mark_key FROM main._dagsync_marks WHERE source = ?", (taken.entry,)
                     )
                 ))  # fmt: skip
-            return marks.Decision(taken.identity, held, entry=taken.entry, bundle=taken)
+            entry = taken.entry if taken.entry is not None else taken.replaces
+            return marks.Decision(taken.identity, held, entry=entry, bundle=taken)
         ident = marks.identity(conn, target.format)
         if full_because:
             return marks.Decision(ident, why_full=full_because)
@@ -234,7 +236,11 @@ def _merge_source(
     writer: Writer,
     labels: tuple[str | None, str | None],
 ) -> SourceReport:
-    """One source into the target: plan, check, apply; planned again if the apply was cut short."""
+    """One source into the target: plan, check, apply; planned again if the apply was cut short.
+
+    An incremental merge falls back to a full one when a row beyond the marks
+    refers to rows a forget removed from the target (``forgotten_below``).
+    """
     scratch = tempfile.mkdtemp(prefix="dagsync-delta-") if decision.incremental else None
     # What attempts cut short had committed, which the next one finds already there.
     carried: dict[str, Counts] = {}
@@ -243,10 +249,46 @@ def _merge_source(
             report = _try_source(target, source, decision, checks, writer, labels, attempt, scratch, carried)
             if report is not None:
                 return report
+    except UnresolvedReference as exc:
+        why = forgotten_below(target, decision, exc)
+        if why is None:
+            raise
+        if decision.bundle is not None:
+            from dagsync.bundle import WHOLE_AGAIN  # which builds on merge
+
+            raise DagsyncError(
+                f"{source}: {exc.detail}, which {target.path} no longer has: a forget there removed it, and a "
+                f"bundle made against the marks leaves it out; nothing was merged - {WHOLE_AGAIN}"
+            ) from None
+        assert decision.marks is not None
+        whole = marks.Decision(decision.identity, why_full=why, entry=decision.marks.entry)
+        checked = SourceChecks([source])  # read whole now: every page checked, as for any full merge
+        try:
+            return _merge_source(target, source, whole, checked, writer, labels)
+        finally:
+            checked.join()
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     raise AssertionError("unreachable")
+
+
+def forgotten_below(target: Database, decision: marks.Decision, exc: UnresolvedReference) -> str | None:
+    """Why a source read from its marks must be read whole after ``exc``, or None.
+
+    The marks say that every row of the source at or below them is in the
+    target - or was removed by a forget in the target: the rows of the
+    conversations it forgot, and what only they reached. A new row may refer
+    to one of those (a forgotten thread continued on the source, a fork of
+    its prefix); only the whole source has it again, and a full merge, which
+    forgets again what the tombstones name, ends as it must. A target that
+    never forgot has no such gap: a reference that resolves nowhere is the
+    source's fault.
+    """
+    thin = decision.incremental or (decision.bundle is not None and decision.bundle.entry is not None)
+    if not thin or not tombstones.kept(target.conn):
+        return None
+    return f"a row beyond the marks refers to what a forget removed from the target ({exc.detail})"
 
 
 def _try_source(

@@ -34,7 +34,7 @@ source is refused. Owned rows (the dag format's ``message_parts``,
 from __future__ import annotations
 
 from dagsync import bookkeeping
-from dagsync.errors import DamagedSource
+from dagsync.errors import DamagedSource, UnresolvedReference
 from dagsync.formats import Key, Table
 from dagsync.merge.owned import copy as copy_owned
 from dagsync.merge import descendants
@@ -329,11 +329,14 @@ def _refuse_unreached(run: SourceMerge, total: int) -> None:
     why = "a parent that does not exist" if dangling else "a cycle in the parent links"
     if dangling and run.thin:
         why = f"a parent that neither it nor {run.db.path} has"
-    raise DamagedSource(
+    message = (
         f"{run.source}: {unreachable} message(s) do not lead back to the root "
         f"({why}; for example message {example} has parent {parent}); "
         "nothing was merged - run `dagsync verify` on the source"
     )
+    if dangling and run.thin:
+        raise UnresolvedReference(message, f"message {example} has parent {parent}")
+    raise DamagedSource(message)
 
 
 def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:

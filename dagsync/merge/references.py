@@ -12,7 +12,7 @@ so the pass that names one runs only when there is one.
 from __future__ import annotations
 
 from dagsync import bookkeeping
-from dagsync.errors import DamagedSource
+from dagsync.errors import DamagedSource, UnresolvedReference
 from dagsync.forget import tombstones
 from dagsync.formats import Key, Table
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
@@ -118,10 +118,9 @@ def _find(run: SourceMerge, table: Table, checks: list[Check]) -> None:
         for row in run.conn.execute(f"SELECT {values} FROM {rows} AND ({failing}) LIMIT 1", (low, high)):
             for i, (column, ref, _, why) in enumerate(checks):
                 if row[2 * i + 1]:
-                    raise DamagedSource(
-                        f"{run.source}: {table.name}.{column} refers to {ref} {row[2 * i]!r}, {why}; "
-                        "nothing was merged - run `dagsync verify` on the source"
-                    )
+                    detail = f"{table.name}.{column} refers to {ref} {row[2 * i]!r}"
+                    message = f"{run.source}: {detail}, {why}; nothing was merged - run `dagsync verify` on the source"
+                    raise UnresolvedReference(message, detail) if run.thin else DamagedSource(message)
 
 
 def _check_json_refs(run: SourceMerge, table: Table) -> None:
