@@ -3,7 +3,7 @@
 Three llm 0.36 databases that synced once (``fixtures.family_llm``) go on as
 llm would: threads continued (their tips move), new threads, forks
 (``LogStore.fork``), a thread deleted as ``llm logs rm`` deletes one and
-then gc, a VACUUM, a file replaced by another machine's. Between those
+then gc, a thread forgotten (``dagsync forget``), a VACUUM, a file replaced by another machine's. Between those
 steps they are merged, synced and bundled into each other. Every merge is
 made twice from the same target, once from its marks and once ``full``, and
 the two targets hold the same rows, table by table: the incremental merge
@@ -29,7 +29,7 @@ from dagsync.unpack import unpack
 from dagsync.verify import verify
 from fixtures.llm_format import grow_llm
 from tests.llm_history import llm_machines, logs_rm
-from tests.test_incremental import bundled_both_ways, merged_both_ways
+from tests.test_incremental import bundled_both_ways, dagsync_forget, merged_both_ways
 
 pytest.importorskip("llm")
 
@@ -45,6 +45,7 @@ steps = st.lists(
         two("merge"), two("sync"), two("bundle"), two("replace"),
         st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 7)),
         st.tuples(st.just("vacuum"), st.integers(0, 2)),
+        st.tuples(st.just("forget"), st.integers(0, 2), st.integers(0, 7)),
     ),
     min_size=3,
     max_size=14,
@@ -58,6 +59,12 @@ steps = st.lists(
              ("merge", 1, 0), ("vacuum", 0), ("grow", 0, 1, 1, 0), ("bundle", 1, 0), ("replace", 0, 2),
              ("grow", 0, 1, 0, 1), ("merge", 1, 0), ("sync", 1, 2)],
     seed=1,
+)  # fmt: skip
+# Forgotten on the target, then continued and forked from on the source: read whole.
+@example(
+    history=[("merge", 1, 0), ("forget", 1, 0), ("forget", 1, 1), ("grow", 0, 2, 1, 1), ("merge", 1, 0),
+             ("forget", 0, 2), ("grow", 2, 2, 0, 1), ("bundle", 0, 2), ("sync", 0, 1)],
+    seed=3,
 )  # fmt: skip
 def test_an_llm_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
     days = itertools.count(400)
@@ -74,6 +81,8 @@ def test_an_llm_merge_from_the_marks_ends_as_a_full_merge_does(history, seed):
                 bundled_both_ways(files[step[1]], files[step[2]])
             elif step[0] == "rm":
                 logs_rm(files[step[1]], step[2])
+            elif step[0] == "forget":
+                dagsync_forget(files[step[1]], step[2], "threads")
             elif step[0] == "vacuum":
                 with contextlib.closing(sqlite3.connect(files[step[1]])) as conn:
                     conn.execute("VACUUM")

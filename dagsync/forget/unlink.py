@@ -167,8 +167,18 @@ class Unlink:
                 self.note()
                 # No `rewritten` stamp: the marks still hold (merge.forgotten_below).
                 self.delete()
+                if not self.dry_run:
+                    self._drop_origins("SELECT key FROM temp.fg_chunk")
             done += next(self.conn.execute("SELECT count(*) FROM temp.fg_sel WHERE rowid BETWEEN ? AND ?", (low, high)))[0]
             self.writer.progress(progress_phase, done, total)
+
+    def _drop_origins(self, keys: str) -> None:
+        """Where the conversations ``keys`` had their heads from (merge.origins) goes with
+        them: a name for a fork of a row that is no longer there."""
+        if not bookkeeping.has(self.conn, "_dagsync_origins"):
+            return
+        for table in self.tables:
+            self.conn.execute(f"DELETE FROM main._dagsync_origins WHERE pointer_table = ? AND key IN ({keys})", (table,))
 
     def gone(self, table: str, alias: str) -> str:
         """SQL true for a row of ``table`` this (dry) run found to go, but did not delete."""
