@@ -29,6 +29,12 @@ another, each in its own child process:
   least any transfer must send (a SQLite file of just the new rows,
   VACUUMed, zstd level 3), and what ``rsync -az`` sends to bring a copy of
   the old source up to date (what people do today);
+* **(d) merge of the 1% after a forget in the target**: the merged target,
+  which then forgot 1% of the conversations the source still holds (the
+  oldest ones that the 1% does not touch: `dagsync forget --id`), and the
+  grown source, from its marks: the cost of a nightly merge on a server
+  whose cron forgets old conversations (docs/forget.md). Whether it read
+  the source from its marks is printed;
 * peak RSS of each (the receiving dagsync's too, for the push).
 
 Ratios are taken within a round; medians over rounds are reported. Nothing
@@ -215,12 +221,33 @@ def prepare(fmt: str, data: Path, conversations: int, seed: int) -> dict:
             from fixtures.generate import grow
         grow(source, seed=seed, continued=k, new=k)
         shutil.copyfile(source, grown)
+    forgot = work / "target-forgot.db"
+    if not forgot.exists():
+        _forget_untouched(merged, before, grown, forgot, fmt)
     grown_rows = sum(M.table_rows(grown).values())
     before_rows = sum(M.table_rows(before).values())
     return {
         "m1": m1, "m2": m2, "meta": meta, "work": work, "merged": merged, "before": before, "grown": grown,
-        "source": source, "before_rows": before_rows, "new_rows": grown_rows - before_rows,
+        "source": source, "before_rows": before_rows, "new_rows": grown_rows - before_rows, "forgot": forgot,
     }  # fmt: skip
+
+
+def _forget_untouched(merged: Path, before: Path, grown: Path, out: Path, fmt: str) -> None:
+    """``out``: ``merged`` after forgetting 1% of its conversations, the oldest ones
+    (lowest rowid) whose pointer row the source's growth left alone."""
+    import sqlite3
+
+    from dagsync.forget import Selector, forget
+
+    table, pointer = ("threads", "tip_message_hash") if fmt == "llm" else ("conversations", "head_message_id")
+    with sqlite3.connect(f"file:{before}?mode=ro", uri=True) as old, sqlite3.connect(f"file:{grown}?mode=ro", uri=True) as new:
+        heads = dict(old.execute(f'SELECT id, "{pointer}" FROM "{table}"'))
+        moved = {k for k, head in new.execute(f'SELECT id, "{pointer}" FROM "{table}"') if heads.get(k) != head}
+        ids = [k for (k,) in old.execute(f'SELECT id FROM "{table}" ORDER BY rowid')]
+    chosen = [k for k in ids if k not in moved][: max(1, len(ids) // 100)]
+    log(f"  preparing {out}: the merged target forgets {len(chosen):,} of {len(ids):,} conversations")
+    M.fresh_copy(merged, out)
+    forget(out, Selector(ids=tuple(chosen)))
 
 
 def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
@@ -246,6 +273,10 @@ def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
     M.fresh_copy(p["grown"], source)
     out["merge_1pct"] = M.run_child("merge", target, source)
     out["least_bytes"] = least_bytes(p["merged"], source, fmt, work)
+    # (d) the 1%, into a target that forgot 1% of what the source holds
+    M.fresh_copy(p["forgot"], target)
+    M.fresh_copy(p["grown"], source)
+    out["merge_1pct_forgot"] = M.run_child("merge", target, source)
     M.fresh_copy(p["merged"], target)
     out["raw_1pct"] = M.run_script_child(__file__, ["raw", str(target), str(source), fmt], "raw copy of the new rows")
     # (c) the 1% pushed, to a copy of the merged target reached over ssh: as a
@@ -272,7 +303,8 @@ def one_round(p: dict, server, fmt: str, first: bool = True) -> dict:
     target.unlink(missing_ok=True)
     floor = out["floor"]["seconds"]
     out["ratios"] = {
-        k: out[k]["seconds"] / floor for k in ("remerge", "remerge_copy", "merge_1pct", "raw_1pct", "push_1pct", "push_1pct_cold")
+        k: out[k]["seconds"] / floor
+        for k in ("remerge", "remerge_copy", "merge_1pct", "merge_1pct_forgot", "raw_1pct", "push_1pct", "push_1pct_cold")
     }
     out["wire_vs_least"] = out["push_1pct"]["sent_bytes"] / out["least_bytes"]
     return out
@@ -299,8 +331,11 @@ def summarise(fmt: str, conversations: int, p: dict, rounds: list[dict]) -> dict
         "raw_1pct_seconds": round(med(lambda r: r["raw_1pct"]["seconds"]), 3),
         "ratios": {
             k: round(med(lambda r, k=k: r["ratios"][k]), 4)
-            for k in ("remerge", "remerge_copy", "merge_1pct", "raw_1pct", "push_1pct", "push_1pct_cold")
+            for k in ("remerge", "remerge_copy", "merge_1pct", "merge_1pct_forgot", "raw_1pct", "push_1pct", "push_1pct_cold")
         },
+        "merge_1pct_forgot_seconds": round(med(lambda r: r["merge_1pct_forgot"]["seconds"]), 3),
+        "merge_1pct_forgot_incremental": all(r["merge_1pct_forgot"].get("incremental") for r in rounds),
+        "merge_1pct_forgot_full_because": rounds[0]["merge_1pct_forgot"].get("full_because"),
         "ssh_alone_seconds": round(med(lambda r: r["ssh_alone"]), 3),
         "ssh_dagsync_version_seconds": round(med(lambda r: r["ssh_dagsync_version"]), 3),
         "merge_vs_raw_1pct": round(med(lambda r: r["merge_1pct"]["seconds"] / r["raw_1pct"]["seconds"]), 2),
@@ -328,6 +363,8 @@ def show(s: dict) -> None:
     print(f"      the same source copied anew (a new inode and time): {s['remerge_copy_seconds']:.3f} s = {r['remerge_copy']:.4f}x floor")
     print(f"  (b) merge of the 1%       {s['merge_1pct_seconds']:8.3f} s = {r['merge_1pct']:.4f}x floor   goal <= {GOALS['merge_1pct']}x  {ok(r['merge_1pct'] <= GOALS['merge_1pct'])}")
     print(f"      raw SQLite copying just the new rows: {s['raw_1pct_seconds']:.3f} s = {r['raw_1pct']:.4f}x floor; (b) is {s['merge_vs_raw_1pct']:.2f}x it")
+    how = "from its marks" if s["merge_1pct_forgot_incremental"] else f"WHOLE: {s['merge_1pct_forgot_full_because']}"
+    print(f"  (d) the 1% after a forget {s['merge_1pct_forgot_seconds']:8.3f} s = {r['merge_1pct_forgot']:.4f}x floor   (read {how})")
     print(f"  (c) push of the 1%        {s['push_1pct_seconds']:8.3f} s = {r['push_1pct']:.4f}x floor   goal <= {GOALS['push_1pct']}x  {ok(r['push_1pct'] <= GOALS['push_1pct'])}")
     print(f"      the same after the marks cache was lost {s['push_1pct_cold_seconds']:.3f} s = {r['push_1pct_cold']:.4f}x floor"
           f"{'' if s['push_guessed'] else '   (the warm push did NOT use its guess)'}")

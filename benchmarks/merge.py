@@ -249,6 +249,8 @@ def child_merge(target: str, source: str, statements: bool) -> dict:
         "peak_rss_mb": peak_rss_mb(),
         "dagsync_path": str(Path(dagsync.__file__).parent),
         "written": src.written,
+        "incremental": src.incremental,
+        "full_because": src.full_because,
         "tables": {
             t.table: {
                 "added": t.added,
