@@ -41,7 +41,7 @@ __all__ = ["BUNDLE_TABLE", "WHOLE_AGAIN", "BundleReport", "Received", "make", "m
 
 BUNDLE_TABLE = "_dagsync_bundle"
 # What a target that forgot rows a bundle's new rows refer to asks for (merge,
-# forgotten_below); push and pull then send the whole source.
+# marks.forgotten_below); push and pull then send the whole source.
 WHOLE_AGAIN = "make the bundle again without --marks (the whole source)"
 MARKS_VERSION = 1
 

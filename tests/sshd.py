@@ -95,3 +95,11 @@ def start(folder: Path) -> Server:
             server.stop()
             raise RuntimeError(f"sshd did not start: {log.read_text()} {done.stderr.decode()}")
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A running sshd for the module's tests: ``from tests.sshd import server``."""
+    running = start(tmp_path_factory.mktemp("sshd"))
+    yield running
+    running.stop()

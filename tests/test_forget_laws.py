@@ -31,7 +31,7 @@ from dagsync.remote import Remote, Transport, pull, push
 from dagsync.store import MessageStore
 from dagsync.sync import sync
 from dagsync.verify import verify
-from tests import sshd
+from tests.sshd import server  # noqa: F401  (the fixture)
 from tests.history import content_dump
 from tests.test_fork_histories import machines, prompt
 
@@ -126,13 +126,6 @@ def test_forget_then_gc_deletes_exactly_what_only_the_forgotten_conversations_re
 
 
 # -- 3: three machines -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = sshd.start(tmp_path_factory.mktemp("sshd"))
-    yield running
-    running.stop()
 
 
 pair = st.permutations(range(3)).map(lambda p: (p[0], p[1]))

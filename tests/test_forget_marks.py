@@ -19,7 +19,7 @@ from dagsync.errors import DagsyncError
 from dagsync.forget import Selector, forget, restore
 from dagsync.merge import merge
 from dagsync.verify import verify
-from tests import sshd
+from tests.sshd import server  # noqa: F401  (the fixture)
 from tests.test_forget import LogStore, dagsync, home, llm, logs, sqlite_utils, thread_of  # noqa: F401
 
 FELL_BACK = "a row beyond the marks refers to what a forget removed from the target"
@@ -175,20 +175,13 @@ def test_a_restore_that_arrives_by_merge_brings_the_conversation_back_too(pair, 
 # -- over ssh ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server_sshd(tmp_path_factory):
-    running = sshd.start(tmp_path_factory.mktemp("sshd"))
-    yield running
-    running.stop()
-
-
-def test_push_sends_the_whole_source_when_the_far_side_forgot_what_new_rows_refer_to(pair, server_sshd):
+def test_push_sends_the_whole_source_when_the_far_side_forgot_what_new_rows_refer_to(pair, server):
     from dagsync.remote import Remote, Transport, push
 
     laptop, hub, banana = pair
     home = laptop.parent
-    transport = Transport(server_sshd.rsh, server_sshd.remote_dagsync)
-    remote = Remote(server_sshd.host, str(hub))
+    transport = Transport(server.rsh, server.remote_dagsync)
+    remote = Remote(server.host, str(hub))
     first = push(laptop, remote, transport)  # nothing new: thin, and nothing of the forgotten thread
     assert first.why_whole is None and first.against is not None
     llm(home, "-m", "echo", "-c", "--cid", banana, "more about bananas")
@@ -202,15 +195,15 @@ def test_push_sends_the_whole_source_when_the_far_side_forgot_what_new_rows_refe
     assert third.why_whole is None and third.written == 0
 
 
-def test_pull_fetches_the_whole_source_when_this_side_forgot_what_new_rows_refer_to(pair, server_sshd):
+def test_pull_fetches_the_whole_source_when_this_side_forgot_what_new_rows_refer_to(pair, server):
     from dagsync.remote import Remote, Transport, pull
 
     laptop, desktop, banana = pair
     home = laptop.parent
-    transport = Transport(server_sshd.rsh, server_sshd.remote_dagsync)
-    assert pull(Remote(server_sshd.host, str(laptop)), desktop, transport).why_whole is None
+    transport = Transport(server.rsh, server.remote_dagsync)
+    assert pull(Remote(server.host, str(laptop)), desktop, transport).why_whole is None
     llm(home, "-m", "echo", "an unrelated banana question")
-    got = pull(Remote(server_sshd.host, str(laptop)), desktop, transport)
+    got = pull(Remote(server.host, str(laptop)), desktop, transport)
     assert got.why_whole == "the target forgot rows that new ones refer to"
     assert banana not in threads(desktop)
     assert prompts(home, desktop).count("an unrelated banana question") == 1

@@ -33,6 +33,7 @@ from dagsync.remote import Remote, Transport, pull, push, sync
 from dagsync.verify import verify
 from fixtures.llm_format import grow_llm
 from tests import sshd
+from tests.sshd import server  # noqa: F401  (the fixture)
 from tests.llm_history import llm_machines, logs_rm
 from tests.processes import with_terminal_stderr
 from tests.test_fork_histories import machines, prompt
@@ -40,13 +41,6 @@ from tests.test_gc_crash import roll_back
 from tests.test_incremental import forget, rows
 
 CUT = Path(__file__).with_name("cut_rsh.py")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = sshd.start(tmp_path_factory.mktemp("sshd"))
-    yield running
-    running.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ sqlite_utils = pytest.importorskip("sqlite_utils")
 from llm.logs import LogStore  # noqa: E402
 
 from dagsync.remote import Remote, Transport, pull, push  # noqa: E402
-from tests import sshd  # noqa: E402
+from tests.sshd import server  # noqa: F401, E402  (the fixture)
 from tests.test_real_llm_merge import prompt, responses  # noqa: E402
 
 LOOP = """
@@ -30,13 +30,6 @@ for i in range(int(sys.argv[1])):
         sys.exit(1)
     print(i, flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = sshd.start(tmp_path_factory.mktemp("sshd"))
-    yield running
-    running.stop()
 
 
 def test_pushes_beside_a_prompting_llm_lose_nothing_and_fail_no_prompt(server, tmp_path):

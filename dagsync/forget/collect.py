@@ -45,7 +45,7 @@ class Collect(GcRun):
         self.pending = pending
         # No `rewritten` stamp, unlike gc: what goes belongs to tombstoned
         # conversations alone, and the marks still hold with that gap
-        # (merge.forgotten_below).
+        # (merge.marks.forgotten_below).
         self.stamp = None
         self.shared_prefix = 0  # messages the forgotten conversations reached that stay
 

@@ -165,7 +165,7 @@ class Unlink:
                         # A merge's fork goes with its conversation, whose tombstone names it.
                         tombstones.record(self.conn, "SELECT key FROM temp.fg_chunk WHERE NOT fork", now)
                 self.note()
-                # No `rewritten` stamp: the marks still hold (merge.forgotten_below).
+                # No `rewritten` stamp: the marks still hold (merge.marks.forgotten_below).
                 self.delete()
                 if not self.dry_run:
                     self._drop_origins("SELECT key FROM temp.fg_chunk")

@@ -51,7 +51,6 @@ import apsw
 from dagsync import blobs, bookkeeping, faults, packed, transactions
 from dagsync.db import Database, SourceChecks, open_target, open_unchecked_source
 from dagsync.errors import DagsyncError, UnresolvedReference, UnsupportedDatabase
-from dagsync.forget import tombstones
 from dagsync.formats import Key, Table
 from dagsync.merge import delta, derived, integer, keyed, marks, messages, owned, pointers, proofs, shared
 from dagsync.merge.core import MESSAGE_KEYS, SourceMerge
@@ -239,7 +238,7 @@ def _merge_source(
     """One source into the target: plan, check, apply; planned again if the apply was cut short.
 
     An incremental merge falls back to a full one when a row beyond the marks
-    refers to rows a forget removed from the target (``forgotten_below``).
+    refers to rows a forget removed from the target (``marks.forgotten_below``).
     """
     scratch = tempfile.mkdtemp(prefix="dagsync-delta-") if decision.incremental else None
     # What attempts cut short had committed, which the next one finds already there.
@@ -250,7 +249,7 @@ def _merge_source(
             if report is not None:
                 return report
     except UnresolvedReference as exc:
-        why = forgotten_below(target, decision, exc)
+        why = marks.forgotten_below(target.conn, decision, exc)
         if why is None:
             raise
         if decision.bundle is not None:
@@ -271,24 +270,6 @@ def _merge_source(
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     raise AssertionError("unreachable")
-
-
-def forgotten_below(target: Database, decision: marks.Decision, exc: UnresolvedReference) -> str | None:
-    """Why a source read from its marks must be read whole after ``exc``, or None.
-
-    The marks say that every row of the source at or below them is in the
-    target - or was removed by a forget in the target: the rows of the
-    conversations it forgot, and what only they reached. A new row may refer
-    to one of those (a forgotten thread continued on the source, a fork of
-    its prefix); only the whole source has it again, and a full merge, which
-    forgets again what the tombstones name, ends as it must. A target that
-    never forgot has no such gap: a reference that resolves nowhere is the
-    source's fault.
-    """
-    thin = decision.incremental or (decision.bundle is not None and decision.bundle.entry is not None)
-    if not thin or not tombstones.kept(target.conn):
-        return None
-    return f"a row beyond the marks refers to what a forget removed from the target ({exc.detail})"
 
 
 def _try_source(

@@ -18,7 +18,9 @@ was not replaced by an earlier copy of itself), and the target was not
 rewritten since (gc, canonicalise and unpack stamp it: ``bookkeeping.rewritten``).
 Then every row at or below the marks is already in the target, and the merge
 reads only the rows beyond them and the pointer rows that changed.
-Otherwise it merges in full, and says why.
+Otherwise it merges in full, and says why. A forget in the target leaves the
+marks holding, with a gap: rows of the conversations it keeps tombstones for
+(``forgotten_below``).
 
 Finding the pointer rows that changed reads every one of them (llm's 58k
 threads: 70 ms, most of a re-merge with nothing new). So the target also
@@ -51,10 +53,12 @@ from pathlib import Path
 import apsw
 
 from dagsync import bookkeeping
+from dagsync.errors import UnresolvedReference
+from dagsync.forget import tombstones
 from dagsync.formats import Format, Key
 
 __all__ = [
-    "Decision", "Marks", "decide", "disproof", "file_state", "identity", "key_sql", "marked_tables", "moved_from",
+    "Decision", "Marks", "decide", "disproof", "file_state", "forgotten_below", "identity", "key_sql", "marked_tables", "moved_from",
     "pointer_digest", "pointer_digest_of", "row_hash", "save", "stored_digest", "taken", "where",
 ]  # fmt: skip
 
@@ -105,6 +109,24 @@ def key_sql(fmt: Format, table: str) -> str:
         t = fmt.table(table)
         columns = (fmt.message_key,) if t.key in (Key.DAG_MESSAGE, Key.HASH_MESSAGE) else t.natural_key
     return " || ',' || ".join(f'quote("{c}")' for c in columns) or "rowid"
+
+
+def forgotten_below(conn: apsw.Connection, decision: Decision, exc: UnresolvedReference) -> str | None:
+    """Why a source read from its marks must be read whole after ``exc``, or None.
+
+    The marks say that every row of the source at or below them is in the
+    target (``main`` on ``conn``) - or was removed by a forget there: the rows
+    of the conversations it forgot, and what only they reached. A new row may
+    refer to one of those (a forgotten thread continued on the source, a fork
+    of its prefix); only the whole source has it again, and a full merge,
+    which forgets again what the tombstones name, ends as it must. A target
+    that never forgot has no such gap: a reference that resolves nowhere is
+    the source's fault.
+    """
+    thin = decision.incremental or (decision.bundle is not None and getattr(decision.bundle, "entry", None) is not None)
+    if not thin or not tombstones.kept(conn):
+        return None
+    return f"a row beyond the marks refers to what a forget removed from the target ({exc.detail})"
 
 
 def marked_tables(fmt: Format, present: set[str]) -> list[str]:
