@@ -198,7 +198,7 @@ def child_sqlite(path: str, level: int, threshold: int, distinct: int = 0, store
         pass
     size = stored_bytes // max(distinct, 1)
     conn.execute(
-        "CREATE TABLE IF NOT EXISTS blobs_floor (hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict TEXT, data BLOB NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS blobs_floor (hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict INTEGER, data BLOB NOT NULL)"
     )
     started = time.perf_counter()
     conn.execute("BEGIN")
@@ -212,9 +212,13 @@ def child_sqlite(path: str, level: int, threshold: int, distinct: int = 0, store
                 f'zeroblob({size}) FROM "{column.table}" WHERE {where} LIMIT {left}'
             )
             left -= conn.changes()
-            conn.execute(
-                f'UPDATE "{column.table}" SET {value} = \'dagsync:\' || lower(hex(randomblob(32))) WHERE {where}'
-            )
+            # References as pack writes them (dagsync/packed.py): in a column of text
+            # a 40-byte BLOB, in a column of bytes 72 characters of TEXT.
+            marker = (
+                "unhex('64616773796e633a' || hex(randomblob(32)))" if column.holds == "text"
+                else "'dagsync:' || lower(hex(randomblob(32)))"
+            )  # fmt: skip
+            conn.execute(f'UPDATE "{column.table}" SET {value} = {marker} WHERE {where}')
         except apsw.SQLError:
             continue  # a table this file does not have
     conn.execute("COMMIT")

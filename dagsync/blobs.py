@@ -34,10 +34,12 @@ from dagsync.packed import (
     DDL,
     MARKER_LENGTH,
     PREFIX,
+    dict_ids,
     is_packed,
     marker_sql,
     meta,
     payload_bytes,
+    reference_sql,
     sha256,
 )
 from dagsync.vacuum import VacuumReport
@@ -220,6 +222,7 @@ class _Pack:
         self.packed: dict[tuple[str, str], list[int]] = {}  # (table, column) -> [values, bytes], committed
         self.compressors: dict[bool, zstandard.ZstdCompressor] = {}
         self.dict_hash: str | None = None
+        self.dict_key: int | str | None = None  # what a blob's ``dict`` says for it: its id (its hash in the first store)
         self.dict_data: bytes | None = None
         self.source: str | None = None
         self.dropped_indexes: list[str] = []
@@ -255,16 +258,18 @@ class _Pack:
             "CREATE TEMP TABLE IF NOT EXISTS pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
             "CREATE TEMP TABLE IF NOT EXISTS pack_dry (hash TEXT PRIMARY KEY);"
             "CREATE TEMP TABLE IF NOT EXISTS pack_seen (hash TEXT PRIMARY KEY, size INTEGER);"
-            "CREATE TEMP TABLE IF NOT EXISTS pack_new (hash TEXT PRIMARY KEY, size INTEGER, dict TEXT, data BLOB);"
+            "CREATE TEMP TABLE IF NOT EXISTS pack_new (hash TEXT PRIMARY KEY, size INTEGER, dict, data BLOB);"
         )
         self.conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
         self.conn.create_scalar_function("dagsync_compress", self.compress, 1, deterministic=True)
         # An index its triggers keep over a packed column would index references (fts).
         self.dropped_indexes = [n for n in fts.over_packed(self.fmt, self.columns()) if bookkeeping.has(self.conn, n)]
+        self.dict_key = self.dict_hash
         if self.dry_run:
             return
         wanted = {"pack_level": str(self.level), "pack_threshold": str(self.threshold), "pack_dict": self.dict_hash or ""}
         if is_packed(self.conn) and all(meta(self.conn, k) == v for k, v in wanted.items()) and not self.dropped_indexes:
+            self.name_dictionary()
             return  # packed already, with these settings: nothing to write
         with self.writer.transaction():
             bookkeeping.ensure(self.conn)
@@ -274,6 +279,12 @@ class _Pack:
             if self.dict_data:
                 self.conn.execute("INSERT OR IGNORE INTO blob_dicts (hash, data) VALUES (?, ?)", (self.dict_hash, self.dict_data))
             self.conn.executemany("INSERT OR REPLACE INTO _dagsync_meta (key, value) VALUES (?, ?)", wanted.items())
+        self.name_dictionary()
+
+    def name_dictionary(self) -> None:
+        """``dict_key``: how the blobs this run writes name their dictionary."""
+        if self.dict_hash is not None and dict_ids(self.conn):
+            self.dict_key = self.writer.one("SELECT id FROM main.blob_dicts WHERE hash = ?", (self.dict_hash,))
 
     def refuse_lookalikes(self) -> None:
         """Before a file's first pack: no value may already read like a reference.
@@ -293,7 +304,7 @@ class _Pack:
                 kind = "a BLOB" if column.holds == "text" else "TEXT"
                 raise DagsyncError(
                     f"{column.table}.{column.column} of rowid {row[0]} is {kind} that reads like a blob reference "
-                    f"('{PREFIX}' and 64 hex digits); a packed file would take it for one, so pack refuses: "
+                    f"('{PREFIX}' and a hash); a packed file would take it for one, so pack refuses: "
                     "change or remove that value first"
                 )
 
@@ -333,10 +344,10 @@ class _Pack:
         of rows per transaction; then note how far it looked (``THROUGH``)."""
         table, value = f'main."{column.table}"', f't."{column.column}"'
         packable = f"typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) >= {self.threshold}"
-        marker = f"CAST('{PREFIX}' || k.h AS BLOB)" if column.holds == "text" else f"'{PREFIX}' || k.h"
+        marker = reference_sql(column, "k.h")
         small = f"length(CAST({value} AS BLOB)) < {SMALL}"
         dict_value = f"CASE WHEN {small} THEN ? END" if self.dict_hash else "NULL"
-        dict_params = (self.dict_hash,) if self.dict_hash else ()
+        dict_params = (self.dict_key,) if self.dict_hash else ()
         tally = self.packed.setdefault((column.table, column.column), [0, 0])
         phase = f"pack: {column.table}.{column.column}"
         through = self.writer.one(f"SELECT coalesce(max(rowid), 0) FROM {table}")
@@ -355,12 +366,16 @@ class _Pack:
                 self.conn.execute("INSERT OR IGNORE INTO temp.pack_seen SELECT h, size FROM temp.pack_chunk")
                 if self.source and not self.dry_run:
                     src = self.source
+                    # A dictionary is copied by its hash; each file names it its own way.
+                    src_key = "id" if dict_ids(self.conn, src) else "hash"
+                    src_hash = "b.dict" if src_key == "hash" else f"(SELECT d.hash FROM {src}.blob_dicts d WHERE d.id = b.dict)"
+                    dict_of = f"(SELECT m.id FROM main.blob_dicts m WHERE m.hash = {src_hash})" if dict_ids(self.conn) else src_hash
                     self.conn.execute(
-                        f"INSERT OR IGNORE INTO main.blob_dicts SELECT d.hash, d.data FROM {src}.blob_dicts d "
-                        f"WHERE d.hash IN (SELECT b.dict FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk))"
+                        f"INSERT OR IGNORE INTO main.blob_dicts (hash, data) SELECT d.hash, d.data FROM {src}.blob_dicts d "
+                        f"WHERE d.{src_key} IN (SELECT b.dict FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk))"
                     )
                     self.conn.execute(
-                        f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, b.dict, b.data "
+                        f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, {dict_of}, b.data "
                         f"FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk)"
                     )
                 # One blob per payload this chunk brings that the store lacks,

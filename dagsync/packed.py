@@ -6,23 +6,33 @@ dagsync command reads such files, through this module.
 
 The format (docs/blobs.md says it for other programs):
 
-* ``blobs(hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict TEXT, data BLOB NOT NULL)``:
+* ``blobs(hash TEXT PRIMARY KEY, size INTEGER NOT NULL, dict INTEGER, data BLOB NOT NULL)``:
   ``hash`` is the lowercase hex sha256 of the exact payload bytes (a text
   payload's UTF-8); ``size`` their length; ``data`` one zstd frame of them
-  (content size in its header), made with the dictionary ``dict`` when that
-  is not NULL.
-* ``blob_dicts(hash TEXT PRIMARY KEY, data BLOB NOT NULL)``: zstd
-  dictionaries, keyed by the sha256 of their bytes, so two files'
-  dictionaries never clash and merge can copy them by key.
-* **A packed value** is ``dagsync:`` followed by the blob's hash (72 ASCII
-  characters), stored with the storage class its column otherwise never
-  holds: a BLOB in a column of text (``parts.text``, ``message_parts.content``
-  ...), TEXT in a column of bytes (``attachments.content``). So a payload is
-  never mistaken for a reference, whatever it says. Which columns are packed
-  is data: ``Format.packed``.
+  (content size in its header), made with the dictionary whose ``id`` is
+  ``dict`` when that is not NULL.
+* ``blob_dicts(id INTEGER PRIMARY KEY, hash TEXT NOT NULL UNIQUE, data BLOB NOT NULL)``:
+  zstd dictionaries, each known by the sha256 of its bytes, so two files'
+  dictionaries never clash and merge can copy them by key (its ``id`` is
+  the file's own, and short in every blob row).
+* **A packed value** is stored with the storage class its column otherwise
+  never holds, so a payload is never mistaken for a reference, whatever it
+  says: in a column of text (``parts.text``, ``message_parts.content`` ...)
+  a BLOB of ``dagsync:`` and the 32 bytes of the blob's sha256 (40 bytes,
+  ``SHORT_LENGTH``); in a column of bytes (``attachments.content``) TEXT,
+  ``dagsync:`` and the hash in hex (72 characters, ``MARKER_LENGTH``).
+  Which columns are packed is data: ``Format.packed``.
 * ``_dagsync_meta`` keeps the settings new rows are packed with:
   ``pack_level``, ``pack_threshold``, ``pack_dict`` (a dictionary hash or ''),
   and ``pack_generation``, moved on by every transaction that writes references.
+
+Files packed before 2026-12-07 (the first store) keep being read as they are:
+their references in text columns are the 72-byte form (``dagsync:`` and hex,
+as a BLOB), and their ``blobs.dict`` holds the dictionary's hash, in a
+``blob_dicts(hash TEXT PRIMARY KEY, data BLOB NOT NULL)`` without ids. Every
+reader here takes either form (``blob_hash_sql``, ``reference``,
+``Blobs.decompressor``); packing such a file again writes the short form for
+what it packs, and one file may hold both.
 """
 
 from __future__ import annotations
@@ -39,22 +49,28 @@ from dagsync.errors import BlobError
 from dagsync.formats import PackedColumn
 
 __all__ = [
-    "DDL", "MARKER_LENGTH", "MAX_PAYLOAD", "PREFIX", "Blobs", "damaged", "generation", "is_packed", "marker_sql", "meta",
-    "lost_store", "lost_store_error", "payload_bytes", "prove_referenced", "reference", "register_functions", "sha256",
+    "DDL", "MARKER_LENGTH", "MAX_PAYLOAD", "PREFIX", "SHORT_LENGTH", "Blobs", "blob_hash_sql", "damaged", "dict_ids",
+    "generation", "is_packed", "lost_store", "lost_store_error", "marker_sql", "meta", "payload_bytes", "prove_referenced",
+    "reference", "reference_sql", "reference_values", "register_functions", "sha256", "value_hash_sql",
 ]  # fmt: skip
 
 PREFIX = "dagsync:"
+# A reference in a column of bytes: TEXT, the prefix and the hash in hex.
 MARKER_LENGTH = len(PREFIX) + 64
+# A reference in a column of text: a BLOB, the prefix and the hash's 32 bytes.
+SHORT_LENGTH = len(PREFIX) + 32
+PREFIX_HEX = PREFIX.encode().hex()
 
 DDL = """
 CREATE TABLE IF NOT EXISTS blob_dicts (
-    hash TEXT PRIMARY KEY,  -- sha256 hex of the dictionary bytes
+    id INTEGER PRIMARY KEY,  -- what blobs.dict says: short, this file's own
+    hash TEXT NOT NULL UNIQUE,  -- sha256 hex of the dictionary bytes
     data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS blobs (
     hash TEXT PRIMARY KEY,  -- sha256 hex of the payload bytes
     size INTEGER NOT NULL,  -- payload length in bytes
-    dict TEXT REFERENCES blob_dicts(hash),  -- the dictionary data was compressed with, or NULL
+    dict INTEGER REFERENCES blob_dicts(id),  -- the dictionary data was compressed with, or NULL
     data BLOB NOT NULL  -- one zstd frame
 );
 """
@@ -70,11 +86,54 @@ def generation(conn: apsw.Connection) -> str | None:
     return meta(conn, "pack_generation")
 
 
+def dict_ids(conn: apsw.Connection, schema: str = "main") -> bool:
+    """Whether the store's blobs name their dictionary by ``blob_dicts.id`` (the
+    first store named it by hash: the module's docstring)."""
+    return any(name == "id" for (name,) in conn.execute(f"SELECT name FROM pragma_table_info('blob_dicts', '{schema}')"))
+
+
 def marker_sql(column: PackedColumn, alias: str) -> str:
-    """SQL true when ``alias.column`` holds a reference to a blob."""
-    other = "blob" if column.holds == "text" else "text"
+    """SQL true when ``alias.column`` holds a reference to a blob (either form, in a column of text)."""
     value = f'{alias}."{column.column}"'
-    return f"(typeof({value}) = '{other}' AND length({value}) = {MARKER_LENGTH} AND substr(CAST({value} AS TEXT), 1, 8) = '{PREFIX}')"
+    if column.holds == "text":
+        return (
+            f"(typeof({value}) = 'blob' AND length({value}) IN ({SHORT_LENGTH}, {MARKER_LENGTH}) "
+            f"AND substr({value}, 1, 8) = X'{PREFIX_HEX}')"
+        )
+    return f"(typeof({value}) = 'text' AND length({value}) = {MARKER_LENGTH} AND substr({value}, 1, 8) = '{PREFIX}')"
+
+
+def blob_hash_sql(column: PackedColumn, alias: str) -> str:
+    """SQL for the blob hash (``blobs.hash``) a reference in ``alias.column`` holds;
+    only meaningful where ``marker_sql`` is true."""
+    value = f'{alias}."{column.column}"'
+    if column.holds == "text":
+        return f"(CASE WHEN length({value}) = {SHORT_LENGTH} THEN lower(hex(substr({value}, 9))) ELSE substr(CAST({value} AS TEXT), 9) END)"
+    return f"substr({value}, 9)"
+
+
+def value_hash_sql(column: PackedColumn, alias: str) -> str:
+    """SQL for the sha256 of what ``alias.column`` holds: the hash a reference names,
+    or the hash of an inline value's bytes (read as bytes: a damaged text that is
+    not UTF-8 is hashed, not decoded); NULL stays NULL. Needs ``dagsync_sha256``."""
+    value = f'{alias}."{column.column}"'
+    return (
+        f"(CASE WHEN {value} IS NULL THEN NULL WHEN {marker_sql(column, alias)} THEN {blob_hash_sql(column, alias)} "
+        f"ELSE dagsync_sha256(CAST({value} AS BLOB)) END)"
+    )
+
+
+def reference_sql(column: PackedColumn, key: str) -> str:
+    """SQL for the reference a packed value of ``column`` becomes, from the SQL of its blob's hash."""
+    if column.holds == "text":
+        return f"unhex('{PREFIX_HEX}' || {key})"
+    return f"'{PREFIX}' || {key}"
+
+
+def reference_values(blob_hash: str) -> tuple[bytes, bytes, str]:
+    """Every value a reference to ``blob_hash`` may be stored as: short and first form in a
+    column of text, and in a column of bytes."""
+    return PREFIX.encode() + bytes.fromhex(blob_hash), (PREFIX + blob_hash).encode(), PREFIX + blob_hash
 
 
 def payload_bytes(value: str | bytes) -> bytes:
@@ -115,21 +174,24 @@ class Blobs:
     def filename(self) -> str:
         return self.conn.db_filename(self.schema) or self.schema
 
-    def decompressor(self, dict_hash: str | None) -> zstandard.ZstdDecompressor:
-        if dict_hash not in self.decompressors:
-            if dict_hash is None:
+    def decompressor(self, dict_key: int | str | None) -> zstandard.ZstdDecompressor:
+        """For a blob's ``dict``: a dictionary's id, its hash (the first store), or None."""
+        if dict_key not in self.decompressors:
+            if dict_key is None:
                 self.decompressors[None] = zstandard.ZstdDecompressor()
             else:
-                row = next(
-                    iter(self.conn.execute(f"SELECT CAST(data AS BLOB) FROM {self.schema}.blob_dicts WHERE hash = ?", (dict_hash,))),
-                    None,
-                )
+                by = "id" if isinstance(dict_key, int) else "hash"
+                row = None
+                if by == "hash" or dict_ids(self.conn, self.schema):
+                    row = next(iter(self.conn.execute(
+                        f"SELECT CAST(data AS BLOB) FROM {self.schema}.blob_dicts WHERE {by} = ?", (dict_key,)
+                    )), None)  # fmt: skip
                 if row is None:
-                    raise BlobError(f"blob dictionary {dict_hash} is missing")
-                self.decompressors[dict_hash] = zstandard.ZstdDecompressor(
+                    raise BlobError(f"blob dictionary {dict_key} is missing")
+                self.decompressors[dict_key] = zstandard.ZstdDecompressor(
                     dict_data=zstandard.ZstdCompressionDict(row[0])
                 )
-        return self.decompressors[dict_hash]
+        return self.decompressors[dict_key]
 
     def exists(self) -> bool:
         if self.present is None:
@@ -177,13 +239,13 @@ class Blobs:
             raise self.damaged(blob_hash, "is missing")
         return self.payload_of(blob_hash, *row)
 
-    def payload_of(self, blob_hash: str, dict_hash: str | None, data: bytes, size: Any) -> bytes:
+    def payload_of(self, blob_hash: str, dict_key: int | str | None, data: bytes, size: Any) -> bytes:
         """The payload of a blob row, proven by its key and size (``payload``, for a row in hand)."""
         problem = self._frame_problem(data, size)
         if problem is None:
             try:
                 # The frame declares ``size`` (checked above): that is all it allocates.
-                out = self.decompressor(dict_hash).decompress(data)
+                out = self.decompressor(dict_key).decompress(data)
             except zstandard.ZstdError as exc:
                 problem = f"does not decompress ({exc})"
             else:
@@ -199,7 +261,7 @@ class Blobs:
             return "is missing"
         return self.problem_of(blob_hash, *row)
 
-    def problem_of(self, blob_hash: str, dict_hash: str | None, data: bytes, size: Any) -> str | None:
+    def problem_of(self, blob_hash: str, dict_key: int | str | None, data: bytes, size: Any) -> str | None:
         """What is wrong with a blob row (None: it is whole). A payload up to
         ONE_SHOT bytes is decompressed at once; a longer one is read in pieces
         of STREAM_CHUNK bytes, so memory stays flat whatever a blob holds.
@@ -211,10 +273,10 @@ class Blobs:
             return problem
         try:
             if size <= ONE_SHOT:
-                out = self.decompressor(dict_hash).decompress(data)  # allocates ``size``: checked above
+                out = self.decompressor(dict_key).decompress(data)  # allocates ``size``: checked above
                 return _proof(blob_hash, size, len(out), sha256(out))
             digest, length = hashlib.sha256(), 0
-            reader = self.decompressor(dict_hash).stream_reader(data, read_size=STREAM_CHUNK)
+            reader = self.decompressor(dict_key).stream_reader(data, read_size=STREAM_CHUNK)
             while piece := reader.read(STREAM_CHUNK):
                 length += len(piece)
                 if length > size:
@@ -295,8 +357,11 @@ def damaged(filename: str, blob_hash: str, what: str) -> BlobError:
 
 def reference(value: Any, holds: str) -> str | None:
     """The blob hash a packed value refers to, or None for a plain value."""
-    if holds == "text" and isinstance(value, bytes) and len(value) == MARKER_LENGTH and value.startswith(PREFIX.encode()):
-        return value[len(PREFIX) :].decode("ascii", errors="replace")
+    if holds == "text" and isinstance(value, bytes) and value.startswith(PREFIX.encode()):
+        if len(value) == SHORT_LENGTH:
+            return value[len(PREFIX) :].hex()
+        if len(value) == MARKER_LENGTH:
+            return value[len(PREFIX) :].decode("ascii", errors="replace")
     if holds == "blob" and isinstance(value, str) and len(value) == MARKER_LENGTH and value.startswith(PREFIX):
         return value[len(PREFIX) :]
     return None

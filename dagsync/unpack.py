@@ -23,13 +23,14 @@ from dagsync.db import Database, open_target
 from dagsync.errors import BlobError, DagsyncError
 from dagsync.formats import PackedColumn
 from dagsync.packed import (
-    PREFIX,
     Blobs,
+    blob_hash_sql,
     damaged,
     is_packed,
     lost_store,
     lost_store_error,
     marker_sql,
+    reference_values,
     register_functions,
 )
 from dagsync.vacuum import VacuumReport
@@ -146,7 +147,7 @@ def _prove_references(writer: Writer, db: Database, columns: list[PackedColumn])
             if problem is not None and _referred_to(writer, columns, blob_hash):
                 raise damaged(str(db.path), blob_hash, problem)
     for column in columns:
-        ref = f"substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1})"
+        ref = blob_hash_sql(column, "t")
         for low, high in writer.ranges(f'main."{column.table}"'):
             for (missing,) in conn.execute(
                 f'SELECT {ref} FROM main."{column.table}" t WHERE t.rowid BETWEEN ? AND ? AND {marker_sql(column, "t")} '
@@ -158,11 +159,14 @@ def _prove_references(writer: Writer, db: Database, columns: list[PackedColumn])
 
 def _referred_to(writer: Writer, columns: list[PackedColumn], blob_hash: str) -> bool:
     """Whether a packed value refers to ``blob_hash`` (asked only of a damaged blob)."""
-    marker = PREFIX + blob_hash
+    short, first, as_text = reference_values(blob_hash)
     for column in columns:
-        value = f"CAST('{marker}' AS BLOB)" if column.holds == "text" else f"'{marker}'"
+        values = (short, first) if column.holds == "text" else (as_text, as_text)
         for low, high in writer.ranges(f'main."{column.table}"'):
-            if writer.one(f'SELECT 1 FROM main."{column.table}" WHERE rowid BETWEEN ? AND ? AND "{column.column}" = {value} LIMIT 1', (low, high)):
+            if writer.one(
+                f'SELECT 1 FROM main."{column.table}" WHERE rowid BETWEEN ? AND ? AND "{column.column}" IN (?, ?) LIMIT 1',
+                (low, high, *values),
+            ):
                 return True
     return False
 
@@ -176,7 +180,7 @@ def _unpack_column(writer: Writer, column: PackedColumn, done: list[int]) -> Non
     conn = writer.conn
     table = f'main."{column.table}"'
     kind = "TEXT" if column.holds == "text" else "BLOB"
-    its_blob = f"b.hash = substr(CAST(t.\"{column.column}\" AS TEXT), {len(PREFIX) + 1})"
+    its_blob = f"b.hash = {blob_hash_sql(column, 't')}"
     for low, high in writer.ranges(table, phase=f"unpack: {column.table}.{column.column}", writes=True):
         where = f"t.rowid BETWEEN {int(low)} AND {int(high)} AND {marker_sql(column, 't')}"
         with writer.transaction():

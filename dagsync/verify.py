@@ -34,6 +34,7 @@ from dagsync.faults import one_line
 from dagsync.forget import tombstones
 from dagsync.formats.dag import DAG
 from dagsync.packed import Blobs, lost_store, marker_sql, sha256
+from dagsync.packed import blob_hash_sql
 from dagsync.rehash import (
     DAG_COLUMNS,
     LLM_COLUMNS,
@@ -304,10 +305,9 @@ def _blobs(db: Database):
                 )  # fmt: skip
         return
     for column in columns:
-        value = f'CAST(t."{column.column}" AS TEXT)'
-        missing = "substr(" + value + ", 9) NOT IN (SELECT hash FROM blobs)"
+        key = blob_hash_sql(column, "t")
         for rowid, ref in conn.execute(
-            f'SELECT t.rowid, substr({value}, 9) FROM "{column.table}" t WHERE {marker_sql(column, "t")} AND {missing}'
+            f'SELECT t.rowid, {key} FROM "{column.table}" t WHERE {marker_sql(column, "t")} AND {key} NOT IN (SELECT hash FROM blobs)'
         ):
             yield Problem("blobs", column.table, f"rowid {rowid}", f"{column.column} refers to blob {ref}, which is missing")
     for key, data in conn.execute("SELECT hash, CAST(data AS BLOB) FROM blob_dicts"):

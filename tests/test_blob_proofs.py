@@ -77,7 +77,7 @@ def a_blob(path: Path, nth: int = 0) -> tuple[str, int]:
     (so that a merge or unpack that refused late would have written rows before it)."""
     with sqlite3.connect(path) as conn:
         table, column = ("message_parts", "content") if "message_parts" in _tables(conn) else ("parts", "text")
-        refs = f"SELECT substr(CAST({column} AS TEXT), 9) AS h, rowid AS r FROM {table} WHERE typeof({column}) = 'blob'"
+        refs = f"SELECT {_ref_hash(column, 'text')} AS h, rowid AS r FROM {table} WHERE typeof({column}) = 'blob'"
         row = conn.execute(
             f"SELECT b.hash, b.size FROM ({refs}) x JOIN blobs b ON b.hash = x.h WHERE b.dict IS NULL "
             f"GROUP BY x.h HAVING count(*) = 1 ORDER BY max(x.r) DESC LIMIT 1 OFFSET ?",
@@ -85,6 +85,17 @@ def a_blob(path: Path, nth: int = 0) -> tuple[str, int]:
         ).fetchone()
     conn.close()
     return row
+
+
+def _ref_hash(value: str, holds: str) -> str:
+    """SQL for the hash a reference in a column holding ``holds`` names (written here
+    from docs/blobs.md, not from dagsync): in a column of text a BLOB, ``dagsync:``
+    and the 32 bytes of the hash; in a column of bytes TEXT, ``dagsync:`` and hex."""
+    return f"lower(hex(substr({value}, 9)))" if holds == "text" else f"substr({value}, 9)"
+
+
+def _quoted(name: str) -> str:
+    return f'"{name}"'
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
@@ -180,15 +191,16 @@ def a_blob_only(path: Path, table: str, column: str) -> tuple[str, int]:
     from dagsync.formats.llm import LLM
 
     fmt = LLM if "hash" in _columns(path) else DAG
+    mine = _ref_hash(f"t.{_quoted(column)}", "text")
     with sqlite3.connect(path) as conn:
         present = _tables(conn)
         others = " UNION ALL ".join(
-            f'SELECT substr(CAST("{c.column}" AS TEXT), 9) FROM "{c.table}" WHERE typeof("{c.column}") = '
+            f'SELECT {_ref_hash(_quoted(c.column), c.holds)} FROM "{c.table}" WHERE typeof("{c.column}") = '
             f"'{'blob' if c.holds == 'text' else 'text'}'"
             for c in fmt.packed if c.table in present and (c.table, c.column) != (table, column)
         )  # fmt: skip
         row = conn.execute(
-            f'SELECT b.hash, b.size FROM "{table}" t JOIN blobs b ON b.hash = substr(CAST(t."{column}" AS TEXT), 9) '
+            f'SELECT b.hash, b.size FROM "{table}" t JOIN blobs b ON b.hash = {mine} '
             f"WHERE typeof(t.\"{column}\") = 'blob' AND b.dict IS NULL AND b.hash NOT IN ({others}) "
             f"GROUP BY b.hash HAVING count(*) = 1 ORDER BY max(t.rowid) DESC LIMIT 1"
         ).fetchone()

@@ -144,11 +144,13 @@ def test_llm_pack_then_unpack_is_the_identity_on_the_turns_and_legacy_tables(tmp
         # Both full-text indexes covered packed columns: both are gone, to come back with unpack.
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE '%_fts%'").fetchone() == (0,)
         # The shared prompt is one blob, referred to from all four places it appears.
-        reference = PREFIX + hashlib.sha256(PROMPT.encode()).hexdigest()
-        assert conn.execute("SELECT count(*) FROM blobs WHERE hash = ?", (reference[len(PREFIX) :],)).fetchone() == (1,)
+        digest = hashlib.sha256(PROMPT.encode())
+        assert conn.execute("SELECT count(*) FROM blobs WHERE hash = ?", (digest.hexdigest(),)).fetchone() == (1,)
+        # In a column of text, a reference is a BLOB: the prefix and the hash's 32 bytes.
+        reference = PREFIX.encode() + digest.digest()
         last = len(responses), len(turns)
-        assert conn.execute("SELECT CAST(prompt AS TEXT), CAST(prompt_json AS TEXT) FROM responses WHERE id = ?", (f"r{last[0]}",)).fetchone() == (reference,) * 2
-        assert conn.execute("SELECT CAST(prompt AS TEXT), CAST(response AS TEXT) FROM turn_search WHERE turn_id = ?", (f"u{last[1]}",)).fetchone() == (reference,) * 2
+        assert conn.execute("SELECT prompt, prompt_json FROM responses WHERE id = ?", (f"r{last[0]}",)).fetchone() == (reference,) * 2
+        assert conn.execute("SELECT prompt, response FROM turn_search WHERE turn_id = ?", (f"u{last[1]}",)).fetchone() == (reference,) * 2
     packed = dump(path)
     pack(path)
     assert dump(path) == packed
@@ -214,11 +216,13 @@ def test_dag_pack_then_unpack_is_the_identity_on_every_payload_column(
         blobs = {h for (h,) in conn.execute("SELECT hash FROM blobs")}
         referred = set()
         for column in DAG.packed:
+            # A BLOB of the prefix and 32 bytes in a column of text; TEXT, the prefix and hex, in one of bytes.
             referred |= {
-                bytes(v)[len(PREFIX):].decode() if isinstance(v, bytes) else v[len(PREFIX):]
+                bytes(v)[len(PREFIX):].hex() if isinstance(v, bytes) else v[len(PREFIX):]
                 for (v,) in conn.execute(f'SELECT "{column.column}" FROM "{column.table}"')
-                if v is not None and len(v) == 72 and (bytes(v) if isinstance(v, bytes) else v.encode()).startswith(PREFIX.encode())
-                and (isinstance(v, bytes)) == (column.holds == "text")
+                if v is not None and (bytes(v) if isinstance(v, bytes) else v.encode()).startswith(PREFIX.encode())
+                and (len(v) == 40 and isinstance(v, bytes) and column.holds == "text"
+                     or len(v) == 72 and isinstance(v, str) and column.holds == "blob")
             }  # fmt: skip
         assert blobs == referred
         # The full-text index over the packed responses is dropped, not left to index references.

@@ -205,6 +205,20 @@ def test_the_same_divergence_merged_from_differently_named_files_does_not_confli
     assert name.startswith("t (branch from ")
 
 
+def test_pack_refuses_a_blob_in_a_column_of_text_that_reads_like_a_short_reference(tmp_path):
+    path = llm_db(tmp_path / "l.db", [("b2:a", None)], tips={"t": "b2:a"}, turns=[])
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE parts SET text = ?", (b"dagsync:" + bytes(32),))
+    before = path.read_bytes()
+    with pytest.raises(DagsyncError) as info:
+        pack(path)
+    assert str(info.value) == (
+        "parts.text of rowid 1 is a BLOB that reads like a blob reference ('dagsync:' and a hash); "
+        "a packed file would take it for one, so pack refuses: change or remove that value first"
+    )
+    assert path.read_bytes() == before
+
+
 def test_pack_refuses_a_value_that_reads_like_a_reference(tmp_path):
     path = llm_db(tmp_path / "l.db", [("b2:a", None)], tips={"t": "b2:a"}, turns=[])
     with sqlite3.connect(path) as conn:
@@ -213,7 +227,7 @@ def test_pack_refuses_a_value_that_reads_like_a_reference(tmp_path):
     with pytest.raises(DagsyncError) as info:
         pack(path)
     assert str(info.value) == (
-        "attachments.content of rowid 1 is TEXT that reads like a blob reference ('dagsync:' and 64 hex digits); "
+        "attachments.content of rowid 1 is TEXT that reads like a blob reference ('dagsync:' and a hash); "
         "a packed file would take it for one, so pack refuses: change or remove that value first"
     )
     assert path.read_bytes() == before

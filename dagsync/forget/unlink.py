@@ -122,7 +122,7 @@ class Unlink:
         for column in self.markers:
             self.conn.execute(
                 f"INSERT OR IGNORE INTO {self.pending} (tbl, key) SELECT 'blobs', "
-                f'substr(CAST(t."{column.column}" AS TEXT), {len(packed.PREFIX) + 1}) FROM main."{column.table}" t '
+                f'{packed.blob_hash_sql(column, "t")} FROM main."{column.table}" t '
                 f'WHERE t.rowid IN (SELECT rid FROM temp."fg_rows_{column.table}") AND {packed.marker_sql(column, "t")}'
             )
 

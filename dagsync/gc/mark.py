@@ -16,7 +16,7 @@ import re
 
 from dagsync.formats import Collect, Key, Table
 from dagsync.gc.run import DYING, SEEN, UNREFERENCED_OLD, WAITING, GcRun, Shared
-from dagsync.packed import PREFIX, is_packed, marker_sql, register_functions
+from dagsync.packed import blob_hash_sql, is_packed, marker_sql, register_functions
 
 __all__ = ["dying", "mark"]
 
@@ -189,7 +189,7 @@ def _shared(run: GcRun, table: Shared) -> None:
             )
     for packed in table.markers:
         referrer = run.fmt.table(packed.table)
-        ref = f'substr(CAST(t."{packed.column}" AS TEXT), {len(PREFIX) + 1})'
+        ref = blob_hash_sql(packed, "t")
         for low, high in run.ranges(run.main_table(packed.table), f"gc: reading {packed.table}.{packed.column}"):
             run.conn.execute(
                 f'INSERT INTO temp.gc_ref SELECT ?, {ref}, {dying(run, referrer, "t")} FROM main."{packed.table}" t '

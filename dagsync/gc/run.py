@@ -112,10 +112,12 @@ class GcRun:
             # The blob store (packed.py): blobs nothing refers to, then dictionaries
             # no blob uses - but never the one new rows are packed with.
             markers = tuple(c for c in self.fmt.packed if c.table in self.present)
+            # Blobs name their dictionary by id (by hash in the first store: packed.py).
+            dict_key = "id" if packed.dict_ids(self.conn) else "hash"
             self.shared += [
                 Shared("blobs", "hash", ("hash", "size", "dict", "data"), (), markers),
                 Shared(
-                    "blob_dicts", "hash", ("hash", "data"), (("blobs", "dict"),),
+                    "blob_dicts", dict_key, tuple(dict.fromkeys((dict_key, "hash", "data"))), (("blobs", "dict"),),
                     keep="d.hash IN (SELECT value FROM main._dagsync_meta WHERE key = 'pack_dict')",
                 ),
             ]  # fmt: skip

@@ -135,10 +135,12 @@ def _differs_packed(column: PackedColumn, value: str, source_packed: bool) -> st
     payload is compared with it by its hash, never decompressed; two
     references (of a packed source), by key. (A packed value only ever holds
     what pack packs: a value of the column's own storage class.)"""
-    t_value, s_value = f't."{column.column}"', f's."{column.column}"'
+    t_value = f't."{column.column}"'
     t_ref = packed.marker_sql(column, "t")
-    key = f"substr(CAST({t_value} AS TEXT), {len(packed.PREFIX) + 1})"
-    both = f"WHEN {t_ref} AND {packed.marker_sql(column, 's')} THEN {t_value} IS NOT {s_value} " if source_packed else ""
+    key = packed.blob_hash_sql(column, "t")
+    # Two references are compared by key: either may be the first store's form.
+    s_ref, s_key = packed.marker_sql(column, "s"), packed.blob_hash_sql(column, "s")
+    both = f"WHEN {t_ref} AND {s_ref} THEN {key} IS NOT {s_key} " if source_packed else ""
     return (
         f"CASE {both}"
         f"WHEN {t_ref} THEN NOT (typeof({value}) = '{column.holds}' AND {key} = dagsync_sha256(CAST({value} AS BLOB))) "

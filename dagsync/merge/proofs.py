@@ -40,8 +40,8 @@ from dagsync.formats import Key, KeyProof
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
 from dagsync.merge.references import is_new
 from dagsync.packed import (
-    PREFIX,
     Blobs,
+    blob_hash_sql,
     lost_store,
     lost_store_error,
     marker_sql,
@@ -251,7 +251,6 @@ def _compare_keyed(run: SourceMerge, proof: KeyProof) -> None:
 def _prove_references(run: SourceMerge) -> None:
     c = run.conn
     c.execute("CREATE TEMP TABLE IF NOT EXISTS blob_refs (hash TEXT PRIMARY KEY) WITHOUT ROWID")
-    reference = f"substr(CAST(s.\"{{column}}\" AS TEXT), {len(PREFIX) + 1})"
     for table in run.order:
         for packed in (p for p in run.fmt.packed if p.table == table.name):
             if not run.counts[table.name].added:
@@ -259,7 +258,7 @@ def _prove_references(run: SourceMerge) -> None:
             for low, high in run.chunks(f'src."{table.name}"'):
                 # The distinct blobs the rows to be copied refer to, each once.
                 c.execute(
-                    f"INSERT OR IGNORE INTO temp.blob_refs SELECT {reference.format(column=packed.column)} "
+                    f"INSERT OR IGNORE INTO temp.blob_refs SELECT {blob_hash_sql(packed, 's')} "
                     f'FROM src."{table.name}" s WHERE s.rowid BETWEEN ? AND ? AND {marker_sql(packed, "s")} '
                     f"AND {is_new(run, table)}",
                     (low, high),

@@ -42,7 +42,7 @@ from dagsync.db import harden
 from dagsync.formats import Format, JsonRef, Key
 from dagsync.merge.core import MAX_CONFLICTS_SHOWN, SourceMerge
 from dagsync.merge.messages import MAPPED, role_conflict
-from dagsync.packed import Blobs, reference, sha256
+from dagsync.packed import Blobs, sha256, value_hash_sql
 from dagsync.transactions import BUSY_TIMEOUT_MS
 
 __all__ = ["SharedContent", "compare_mapped"]
@@ -190,7 +190,7 @@ def _value_differs(fmt: Format, table: str, column: str, s: str, t: str) -> str:
     expr = f"{a} IS NOT {b}"
     packed = next((p for p in fmt.packed if (p.table, p.column) == (table, column)), None)
     if packed is not None:
-        expr += f" AND dagsync_value_key({a}, '{packed.holds}') IS NOT dagsync_value_key({b}, '{packed.holds}')"
+        expr += f" AND {value_hash_sql(packed, s)} IS NOT {value_hash_sql(packed, t)}"
     for i, (ref_table, ref) in enumerate(_json_refs(fmt)):
         if (ref_table, ref.column) == (table, column):
             expr += f" AND dagsync_refs_src_{i}({a}) IS NOT dagsync_refs_main_{i}({b})"
@@ -202,19 +202,11 @@ def _json_refs(fmt: Format) -> list[tuple[str, JsonRef]]:
     return [(t.name, r) for t in fmt.tables for r in t.json_refs]
 
 
-def value_key(value: Any, holds: str) -> Any:
-    """A packed column's value as the sha256 of what it holds: the hash a
-    reference names, or the hash of an inline value; NULL stays NULL."""
-    if value is None:
-        return None
-    return reference(value, holds) or sha256(value)
-
-
 def register_functions(conn: apsw.Connection, fmt: Format) -> None:
-    """``dagsync_value_key(value, holds)``; and for each JSON column with ids
+    """``dagsync_sha256(bytes)`` (``packed.value_hash_sql``); and for each JSON column with ids
     of another table, ``dagsync_refs_{src,main}_N(value)``: the JSON with each
     id replaced by that row's key in that file (a packed value resolved first)."""
-    conn.create_scalar_function("dagsync_value_key", value_key, 2, deterministic=True)
+    conn.create_scalar_function("dagsync_sha256", sha256, 1, deterministic=True)
     for i, (table, ref) in enumerate(_json_refs(fmt)):
         holds = next((p.holds for p in fmt.packed if (p.table, p.column) == (table, ref.column)), None)
         for schema in ("src", "main"):
