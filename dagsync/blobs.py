@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from dagsync import bookkeeping, faults, fts
+from dagsync import bookkeeping, faults, fts, streamed
 from dagsync.backup import copy_database
 from dagsync.db import THIN_CACHE_KIB, Database, open_target
 from dagsync.errors import DagsyncError
@@ -33,6 +33,7 @@ from dagsync.formats import Format, PackedColumn
 from dagsync.packed import (
     DDL,
     MARKER_LENGTH,
+    ONE_SHOT,
     PREFIX,
     dict_ids,
     is_packed,
@@ -227,6 +228,9 @@ class _Pack:
         self.source: str | None = None
         self.dropped_indexes: list[str] = []
         self.through: dict[str, int] = {}  # THROUGH key -> rowid looked at up to, to be noted
+        # Whether a payload packed may have had its blob before this run (``temp.pack_seen``
+        # counts the distinct ones); if not, the run's new blobs are its distinct payloads.
+        self.seen_before: bool | None = None
 
     def columns(self) -> list[PackedColumn]:
         present = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
@@ -343,7 +347,9 @@ class _Pack:
         """Pack the column's inline payloads in rows past rowid ``since``, a chunk
         of rows per transaction; then note how far it looked (``THROUGH``)."""
         table, value = f'main."{column.table}"', f't."{column.column}"'
-        packable = f"typeof({value}) = '{column.holds}' AND length(CAST({value} AS BLOB)) >= {self.threshold}"
+        # octet_length: the bytes of a value without reading it (a long one is streamed).
+        packable = f"typeof({value}) = '{column.holds}' AND octet_length({value}) >= {self.threshold}"
+        in_memory = f"octet_length({value}) <= {ONE_SHOT}"
         marker = reference_sql(column, "k.h")
         small = f"length(CAST({value} AS BLOB)) < {SMALL}"
         dict_value = f"CASE WHEN {small} THEN ? END" if self.dict_hash else "NULL"
@@ -357,13 +363,27 @@ class _Pack:
                 self.conn.execute("DELETE FROM temp.pack_chunk")
                 self.conn.execute(
                     f"INSERT INTO temp.pack_chunk SELECT t.rowid, dagsync_sha256(CAST({value} AS BLOB)), length(CAST({value} AS BLOB)) "
-                    f"FROM {table} t WHERE t.rowid BETWEEN ? AND ? AND {packable}",
+                    f"FROM {table} t WHERE t.rowid BETWEEN ? AND ? AND {packable} AND {in_memory}",
                     (low, high),
                 )
+                for rid, size in self.conn.execute(
+                    f"SELECT t.rowid, octet_length({value}) FROM {table} t "
+                    f"WHERE t.rowid BETWEEN ? AND ? AND {packable} AND NOT {in_memory}",
+                    (low, high),
+                ).fetchall():  # a long payload: hashed in pieces (streamed)
+                    self.conn.execute(
+                        "INSERT INTO temp.pack_chunk VALUES (?, ?, ?)",
+                        (rid, streamed.hash_of(self.conn, column.table, column.column, rid), size),
+                    )
                 # Counted from the chunk table: the rows themselves are read once more only
                 # for the payloads the store lacks, and written once.
                 n, size = next(iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_chunk")))
-                self.conn.execute("INSERT OR IGNORE INTO temp.pack_seen SELECT h, size FROM temp.pack_chunk")
+                if self.seen_before is None:
+                    self.seen_before = bool(self.source) or (
+                        is_packed(self.conn) and self.writer.one("SELECT 1 FROM main.blobs LIMIT 1") is not None
+                    )
+                if self.seen_before:
+                    self.conn.execute("INSERT OR IGNORE INTO temp.pack_seen SELECT h, size FROM temp.pack_chunk")
                 if self.source and not self.dry_run:
                     src = self.source
                     # A dictionary is copied by its hash; each file names it its own way.
@@ -386,12 +406,21 @@ class _Pack:
                 self.conn.execute(
                     f"INSERT INTO temp.pack_new SELECT n.h, length(CAST({value} AS BLOB)), {dict_value}, "
                     f"dagsync_compress(CAST({value} AS BLOB)) FROM (SELECT k.h, min(k.rid) AS rid FROM temp.pack_chunk k "
-                    f"WHERE {lacking} GROUP BY k.h) n JOIN {table} t ON t.rowid = n.rid",
+                    f"WHERE {lacking} AND k.size <= {ONE_SHOT} GROUP BY k.h) n JOIN {table} t ON t.rowid = n.rid",
                     dict_params,
                 )
                 made, made_size, stored = next(iter(self.conn.execute(
                     "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) FROM temp.pack_new"
                 )))  # fmt: skip
+                for blob_hash, rid, size in self.conn.execute(
+                    f"SELECT k.h, min(k.rid), k.size FROM temp.pack_chunk k WHERE {lacking} AND k.size > {ONE_SHOT} GROUP BY k.h"
+                ).fetchall():  # a long payload: compressed in pieces, its frame written in pieces
+                    made, made_size = made + 1, made_size + size
+                    stored += streamed.compress_into(
+                        self.conn, column.table, column.column, rid, blob_hash, self.level, write=not self.dry_run
+                    )
+                    if self.dry_run:
+                        self.conn.execute("INSERT INTO temp.pack_dry VALUES (?)", (blob_hash,))
                 self.writer.on_commit(functools.partial(self.count, tally, n, size, made, made_size, stored))
                 if self.dry_run:
                     self.conn.execute("INSERT INTO temp.pack_dry SELECT hash FROM temp.pack_new")
@@ -440,8 +469,11 @@ class _Pack:
         return ColumnReport(column.table, column.column, packed, payload, inline)
 
     def drop_temp(self) -> None:
-        self.distinct, self.distinct_bytes = next(
-            iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_seen"))
-        )
+        if self.seen_before:
+            self.distinct, self.distinct_bytes = next(
+                iter(self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM temp.pack_seen"))
+            )
+        else:  # every payload packed had its blob made by this run, once
+            self.distinct, self.distinct_bytes = self.new_blobs, self.new_payload_bytes
         for name in ("pack_chunk", "pack_dry", "pack_seen", "pack_new"):
             self.conn.execute(f"DROP TABLE IF EXISTS temp.{name}")

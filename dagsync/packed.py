@@ -49,8 +49,8 @@ from dagsync.errors import BlobError
 from dagsync.formats import PackedColumn
 
 __all__ = [
-    "DDL", "MARKER_LENGTH", "MAX_PAYLOAD", "PREFIX", "SHORT_LENGTH", "Blobs", "blob_hash_sql", "damaged", "dict_ids",
-    "generation", "is_packed", "lost_store", "lost_store_error", "marker_sql", "meta", "payload_bytes", "prove_referenced",
+    "DDL", "FRAME_HEADER_MAX", "MARKER_LENGTH", "MAX_PAYLOAD", "ONE_SHOT", "PREFIX", "STREAM_CHUNK", "SHORT_LENGTH", "Blobs", "blob_hash_sql", "damaged", "dict_ids", "frame_sql",
+    "generation", "is_packed", "lost_store", "lost_store_error", "marker_sql", "meta", "payload_bytes", "proof", "prove_referenced",
     "reference", "reference_sql", "reference_values", "register_functions", "sha256", "value_hash_sql",
 ]  # fmt: skip
 
@@ -151,6 +151,8 @@ MAX_PAYLOAD = 1_000_000_000
 # longer one in pieces of STREAM_CHUNK bytes.
 ONE_SHOT = 8 << 20
 STREAM_CHUNK = 1 << 20
+# The longest a zstd frame header can be (ZSTD_FRAMEHEADERSIZE_MAX): what is read to check one.
+FRAME_HEADER_MAX = 18
 
 
 class Blobs:
@@ -249,7 +251,7 @@ class Blobs:
             except zstandard.ZstdError as exc:
                 problem = f"does not decompress ({exc})"
             else:
-                problem = _proof(blob_hash, size, len(out), sha256(out))
+                problem = proof(blob_hash, size, len(out), sha256(out))
         if problem is not None:
             raise self.damaged(blob_hash, problem)
         return out
@@ -271,12 +273,38 @@ class Blobs:
         problem = self._frame_problem(data, size)
         if problem is not None:
             return problem
+        if size > ONE_SHOT:
+            return self._streamed_problem(data, blob_hash, dict_key, size)
         try:
-            if size <= ONE_SHOT:
-                out = self.decompressor(dict_key).decompress(data)  # allocates ``size``: checked above
-                return _proof(blob_hash, size, len(out), sha256(out))
+            out = self.decompressor(dict_key).decompress(data)  # allocates ``size``: checked above
+        except zstandard.ZstdError as exc:
+            return f"does not decompress ({exc})"
+        return proof(blob_hash, size, len(out), sha256(out))
+
+    def problem_in_row(self, rowid: int, blob_hash: str, dict_key: int | str | None, frame: Any, size: Any) -> str | None:
+        """``problem_of`` for a row read with ``frame_sql``: a long frame (NULL there) is read in pieces."""
+        if frame is not None:
+            return self.problem_of(blob_hash, dict_key, frame, size)
+        try:
+            return self.problem_at(rowid, blob_hash, dict_key, size)
+        except apsw.SQLError:  # not a BLOB or TEXT at all
+            return "has no frame"
+
+    def problem_at(self, rowid: int, blob_hash: str, dict_key: int | str | None, size: Any) -> str | None:
+        """``problem_of`` for the blob in row ``rowid`` of the store, its frame read in
+        pieces from the file (for a frame longer than ONE_SHOT: never held whole)."""
+        with self.conn.blob_open(self.schema, "blobs", "data", rowid, False) as frame:
+            problem = self._frame_problem(frame.read(FRAME_HEADER_MAX), size)
+            if problem is not None:
+                return problem
+            frame.seek(0)
+            return self._streamed_problem(frame, blob_hash, dict_key, size)
+
+    def _streamed_problem(self, frame: Any, blob_hash: str, dict_key: int | str | None, size: int) -> str | None:
+        """Decompress ``frame`` (bytes, or a blob handle) in pieces, proving what comes out."""
+        try:
             digest, length = hashlib.sha256(), 0
-            reader = self.decompressor(dict_key).stream_reader(data, read_size=STREAM_CHUNK)
+            reader = self.decompressor(dict_key).stream_reader(frame, read_size=STREAM_CHUNK)
             while piece := reader.read(STREAM_CHUNK):
                 length += len(piece)
                 if length > size:
@@ -284,7 +312,7 @@ class Blobs:
                 digest.update(piece)
         except zstandard.ZstdError as exc:
             return f"does not decompress ({exc})"
-        return _proof(blob_hash, size, length, digest.hexdigest())
+        return proof(blob_hash, size, length, digest.hexdigest())
 
     def resolve(self, value: Any, holds: str) -> Any:
         """A column value as llm wrote it: a reference replaced by its payload, anything else as it is.
@@ -315,6 +343,15 @@ class Blobs:
         return self.payload(blob_hash)
 
 
+def frame_sql(alias: str) -> str:
+    """The columns ``Blobs.problem_in_row`` takes, for blob rows ``alias``: a frame longer
+    than ONE_SHOT comes as NULL, to be read in pieces (``length`` of a BLOB does not read it)."""
+    return (
+        f"{alias}.rowid, {alias}.hash, {alias}.dict, "
+        f"CASE WHEN length({alias}.data) > {ONE_SHOT} THEN NULL ELSE CAST({alias}.data AS BLOB) END, {alias}.size"
+    )
+
+
 def prove_referenced(
     conn: apsw.Connection, schema: str, refs: str, ranges: Callable[[str], Iterator[tuple[int, int]]]
 ) -> None:
@@ -332,13 +369,13 @@ def prove_referenced(
     rows = conn.cursor()  # closed however this ends, so the caller may drop ``refs``
     try:
         for low, high in ranges(f"{schema}.blobs"):
-            for blob_hash, dict_hash, data, size in rows.execute(
-                f"SELECT b.hash, b.dict, CAST(b.data AS BLOB), b.size FROM {schema}.blobs b "
+            for rowid, blob_hash, dict_key, frame, size in rows.execute(
+                f"SELECT {frame_sql('b')} FROM {schema}.blobs b "
                 f"WHERE b.rowid BETWEEN ? AND ? AND b.hash IN (SELECT hash FROM {refs})",
                 (low, high),
             ):
                 try:
-                    problem = store.problem_of(blob_hash, dict_hash, data, size)
+                    problem = store.problem_in_row(rowid, blob_hash, dict_key, frame, size)
                 except BlobError as exc:  # its dictionary is missing
                     problem = f"cannot be read ({exc})"
                 if problem is not None:
@@ -367,7 +404,7 @@ def reference(value: Any, holds: str) -> str | None:
     return None
 
 
-def _proof(blob_hash: str, size: int, length: int, digest: str) -> str | None:
+def proof(blob_hash: str, size: int, length: int, digest: str) -> str | None:
     """What a decompressed payload says against its blob's key and size (None: proven)."""
     if length != size:
         return f"decompresses to {length} bytes, not its size {size}"

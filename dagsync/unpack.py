@@ -18,18 +18,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dagsync import bookkeeping, faults, fts
-from dagsync.db import Database, open_target
+import apsw
+import zstandard
+
+from dagsync import bookkeeping, faults, fts, streamed
+from dagsync.db import THIN_CACHE_KIB, Database, open_target
 from dagsync.errors import BlobError, DagsyncError
 from dagsync.formats import PackedColumn
 from dagsync.packed import (
+    ONE_SHOT,
     Blobs,
     blob_hash_sql,
     damaged,
+    frame_sql,
     is_packed,
     lost_store,
     lost_store_error,
     marker_sql,
+    proof,
     reference_values,
     register_functions,
 )
@@ -70,6 +76,9 @@ def unpack(
     started = time.perf_counter()
     db = open_target(path, check=True)
     conn = db.conn
+    # As pack (blobs.PACK_CACHE_KIB): rows rewritten in order need no more, and a
+    # long payload's pages then cost no more than that (docs/blobs.md).
+    conn.execute(f"PRAGMA cache_size = -{THIN_CACHE_KIB}")
     try:
         before = os.path.getsize(path)
         writer = Writer(conn, progress, dry_run=dry_run)
@@ -137,11 +146,11 @@ def _prove_references(writer: Writer, db: Database, columns: list[PackedColumn])
     """
     conn, store = db.conn, Blobs(db.conn)
     for low, high in writer.ranges("main.blobs"):
-        for blob_hash, dict_hash, data, size in conn.execute(
-            "SELECT hash, dict, CAST(data AS BLOB), size FROM main.blobs WHERE rowid BETWEEN ? AND ?", (low, high)
+        for rowid, blob_hash, dict_key, frame, size in conn.execute(
+            f"SELECT {frame_sql('b')} FROM main.blobs b WHERE b.rowid BETWEEN ? AND ?", (low, high)
         ):
             try:
-                problem = store.problem_of(blob_hash, dict_hash, data, size)
+                problem = store.problem_in_row(rowid, blob_hash, dict_key, frame, size)
             except BlobError as exc:  # its dictionary is missing
                 problem = f"cannot be read ({exc})"
             if problem is not None and _referred_to(writer, columns, blob_hash):
@@ -190,9 +199,35 @@ def _unpack_column(writer: Writer, column: PackedColumn, done: list[int]) -> Non
             if n and not writer.dry_run:
                 conn.execute(
                     f'UPDATE {table} AS t SET "{column.column}" = CAST(dagsync_blob(b.hash, b.dict, b.data, b.size) '
-                    f"AS {kind}) FROM main.blobs b WHERE {its_blob} AND {where}"
+                    f"AS {kind}) FROM main.blobs b WHERE {its_blob} AND {where} AND b.size <= {ONE_SHOT}"
                 )
+                for row in conn.execute(
+                    f"SELECT t.rowid, b.rowid, b.hash, b.dict, b.size FROM {table} t JOIN main.blobs b ON {its_blob} "
+                    f"WHERE {where} AND b.size > {ONE_SHOT}"
+                ).fetchall():  # a long payload: decompressed into its row in pieces
+                    _write_back(conn, column, kind, *row)
             writer.on_commit(functools.partial(_count, done, n, size))
+
+
+def _write_back(
+    conn: apsw.Connection, column: PackedColumn, kind: str, rowid: int, blob_rowid: int, blob_hash: str,
+    dict_key: int | str | None, size: int,
+) -> None:
+    """Put one long payload back into its row, proven by its key before the transaction commits.
+
+    :raises BlobError: what came out is not the payload its key names (the transaction rolls back).
+    """
+    store = Blobs(conn)
+    with conn.blob_open("main", "blobs", "data", blob_rowid, False) as frame:
+        try:
+            length, digest = streamed.write_back(
+                conn, column.table, column.column, rowid, kind, frame, store.decompressor(dict_key), size
+            )
+        except zstandard.ZstdError as exc:
+            raise store.damaged(blob_hash, f"does not decompress ({exc})") from None
+    problem = proof(blob_hash, size, length, digest)
+    if problem is not None:
+        raise store.damaged(blob_hash, problem)
 
 
 def _count(done: list[int], values: int, size: int) -> None:

@@ -33,7 +33,7 @@ from dagsync.errors import BlobError
 from dagsync.faults import one_line
 from dagsync.forget import tombstones
 from dagsync.formats.dag import DAG
-from dagsync.packed import Blobs, lost_store, marker_sql, sha256
+from dagsync.packed import Blobs, frame_sql, lost_store, marker_sql, sha256
 from dagsync.packed import blob_hash_sql
 from dagsync.rehash import (
     DAG_COLUMNS,
@@ -313,9 +313,9 @@ def _blobs(db: Database):
     for key, data in conn.execute("SELECT hash, CAST(data AS BLOB) FROM blob_dicts"):
         if sha256(data) != key:
             yield Problem("blobs", "blob_dicts", key, "the dictionary's bytes do not hash to its key")
-    for key, dict_hash, data, size in conn.execute("SELECT hash, dict, CAST(data AS BLOB), size FROM blobs"):
+    for rowid, key, dict_key, frame, size in conn.execute(f"SELECT {frame_sql('b')} FROM blobs b"):
         try:
-            what = store.problem_of(key, dict_hash, data, size)
+            what = store.problem_in_row(rowid, key, dict_key, frame, size)
         except LookupError as exc:
             what = f"cannot be read: {exc}"
         if what is not None:

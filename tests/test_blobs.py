@@ -326,6 +326,45 @@ def test_stats_and_verify_read_a_packed_file(tmp_path):
     assert verify(path).problems == ()
 
 
+def _distinct_packable(path: Path, threshold: int) -> tuple[int, int]:
+    """Distinct payloads of at least ``threshold`` bytes over every packed column, and their bytes."""
+    seen: dict[bytes, int] = {}
+    with sqlite3.connect(path) as conn:
+        for column in DAG.packed:
+            for (v,) in conn.execute(
+                f'SELECT CAST("{column.column}" AS BLOB) FROM "{column.table}" WHERE typeof("{column.column}") = ? '
+                f'AND length(CAST("{column.column}" AS BLOB)) >= ?', (column.holds, threshold)
+            ):  # fmt: skip
+                seen[hashlib.sha256(v).digest()] = len(v)
+    conn.close()
+    return len(seen), sum(seen.values())
+
+
+def test_the_report_counts_distinct_payloads_on_a_first_pack_and_on_a_later_one(tmp_path):
+    path = family(tmp_path / "fam", seed=5, machines=1, conversations=40)[0].path
+    expected = _distinct_packable(path, 256)
+    with sqlite3.connect(path) as conn:  # two payloads the first pack will store, to come again later
+        known = [v for (v,) in conn.execute(
+            "SELECT content FROM message_parts WHERE typeof(content) = 'text' AND length(CAST(content AS BLOB)) >= 256 "
+            "GROUP BY content LIMIT 2"
+        )]  # fmt: skip
+        (message,) = conn.execute("SELECT message_id FROM message_parts LIMIT 1").fetchone()
+    conn.close()
+    report = pack(path, threshold=256)
+    assert (report.distinct_payloads, report.distinct_bytes, report.new_blobs) == (*expected, expected[0])
+    new = "a payload the store has never seen, " * 20
+    with sqlite3.connect(path) as conn:  # the two it has and one it lacks, each twice
+        for n, text in enumerate([*known, new] * 2):
+            conn.execute(
+                'INSERT INTO message_parts (id, message_id, "order", part_type, content) VALUES (?, ?, ?, \'text\', ?)',
+                (f"extra-{n}", message, 1000 + n, text),
+            )
+    conn.close()
+    again = pack(path)
+    assert (again.distinct_payloads, again.new_blobs) == (3, 1)
+    assert again.distinct_bytes == sum(len(t.encode()) for t in [*known, new])
+
+
 # -- verify: a tamper test per blob check ---------------------------------------------
 
 
