@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--level", type=int, default=3)
-    parser.add_argument("--threshold", type=int, default=256)
+    parser.add_argument("--threshold", type=int, default=192)  # blobs.DEFAULT_THRESHOLD
     parser.add_argument("--thresholds", default=None, help="Comma-separated: file size after pack + vacuum for each.")
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--json", action="store_true")

@@ -53,7 +53,7 @@ Progress = Callable[[str, int, int], None]
 
 DEFAULT_LEVEL = 3
 # Payloads this many bytes or longer go into blobs (see docs/blobs.md for the measurement).
-DEFAULT_THRESHOLD = 256
+DEFAULT_THRESHOLD = 192
 # Payloads under this size are "small": a trained dictionary is used for them.
 SMALL = 1024
 DICT_SIZE = 112 * 1024

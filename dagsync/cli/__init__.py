@@ -411,7 +411,7 @@ def pack_command(
     ] = None,
     threshold: Annotated[
         Optional[int],
-        typer.Option("--threshold", metavar="BYTES", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 256.", show_default=False),
+        typer.Option("--threshold", metavar="BYTES", help="Leave payloads shorter than this many bytes inline. Default: the file's, else 192.", show_default=False),
     ] = None,
     output: Annotated[
         Optional[Path],
