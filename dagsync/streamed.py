@@ -14,17 +14,19 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import apsw
 import zstandard
 
+from dagsync.errors import BlobError
 from dagsync.packed import ONE_SHOT, STREAM_CHUNK
 
 __all__ = ["ONE_SHOT", "compress_into", "hash_of", "write_back"]
 
 
-def _pieces(handle: apsw.Blob) -> bytes:
+def _pieces(handle: apsw.Blob) -> Iterator[bytes]:
     while piece := handle.read(STREAM_CHUNK):
         yield piece
 
@@ -60,8 +62,6 @@ def compress_into(
                 writer.write(piece)
             writer.close()
             if digest.hexdigest() != blob_hash:
-                from dagsync.errors import BlobError
-
                 raise BlobError(f"main.{table}.{column} of rowid {rowid} changed while it was packed; run pack again")
             stored = frame.tell()
             if write:

@@ -444,6 +444,31 @@ def test_gc_deletes_blobs_only_deleted_rows_used(tmp_path):
     assert verify(path).problems == ()
 
 
+def test_gc_keeps_the_dictionaries_blobs_name_by_id_and_deletes_one_none_names(tmp_path):
+    path = family(tmp_path / "fam", seed=6, machines=1, conversations=60)[0].path
+    plain = tmp_path / "plain.db"
+    shutil.copyfile(path, plain)
+    pack(path, dictionary=True)
+    spare = b"a dictionary no blob was compressed with"
+    with sqlite3.connect(path) as conn:
+        ((used, current),) = conn.execute(
+            "SELECT count(DISTINCT b.dict), (SELECT value FROM _dagsync_meta WHERE key = 'pack_dict') FROM blobs b"
+        ).fetchall()
+        assert used == 1 and conn.execute("SELECT typeof(dict) FROM blobs WHERE dict IS NOT NULL LIMIT 1").fetchone() == ("integer",)
+        conn.execute("INSERT INTO blob_dicts (id, hash, data) VALUES (99, ?, ?)", (hashlib.sha256(spare).hexdigest(), spare))
+        # New rows packed without a dictionary from now on: only the blobs that name it keep it.
+        conn.execute("UPDATE _dagsync_meta SET value = '' WHERE key = 'pack_dict'")
+    conn.close()
+    report = gc(path, grace="0s")
+    assert report.table("blob_dicts").deleted == 1
+    with sqlite3.connect(path) as conn:
+        assert [h for (h,) in conn.execute("SELECT hash FROM blob_dicts")] == [current]
+    conn.close()
+    assert verify(path).problems == ()
+    unpack(path)
+    assert dump(path) == dump(plain)
+
+
 # -- crash safety -----------------------------------------------------------------------
 
 # Chunks of 50 rows; the child stops at the event the test picks and is
