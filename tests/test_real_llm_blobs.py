@@ -4,6 +4,7 @@ unpacked, read by llm as if nothing had happened."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -71,3 +72,28 @@ def test_llm_reads_packed_merged_unpacked_files_as_before(tmp_path, machines):  
         env={"LLM_USER_PATH": str(target.parent), "PATH": ""}, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_llm_reads_a_long_prompt_back_after_pack_and_unpack(tmp_path):
+    """A 10 MB prompt (and echo's 10 MB answer) goes through pack and unpack in
+    pieces (dagsync.streamed); llm then lists and verifies the file as before."""
+    user = tmp_path / "user"
+    user.mkdir()
+    document = "".join(f"line {n}: the long document llm was asked about.\n" for n in range(200_000))
+    assert len(document.encode()) > 9 * 2**20
+    subprocess.run(
+        [sys.executable, "-m", "llm", "-m", "echo"], input=document, text=True, check=True, capture_output=True,
+        env={**os.environ, "LLM_USER_PATH": str(user)},
+    )  # fmt: skip
+    db = user / "logs.db"
+    before = responses(db)
+    packed = tmp_path / "packed.db"
+    report = pack(db, output=packed)
+    with sqlite3.connect(packed) as conn:
+        (long_blobs,) = conn.execute("SELECT count(*) FROM blobs WHERE size > 8388608").fetchone()
+    conn.close()
+    assert long_blobs >= 1 and report.payload_bytes > len(document.encode())
+    assert verify(packed).problems == ()
+    unpack(packed)
+    assert responses(packed) == before
+    assert LogStore(sqlite_utils.Database(packed)).verify() == []
