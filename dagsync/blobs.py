@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import apsw
 import zstandard
 
 from dagsync import bookkeeping, faults, fts, streamed
@@ -248,7 +249,7 @@ class _Pack:
                 f"({MARKER_LENGTH} bytes) cannot be packed; give {MARKER_LENGTH + 1} or more"
             )
         stored_dict = meta(self.conn, "pack_dict") or None
-        trained = self.train() if dictionary else None
+        trained = _train(self.conn, self.columns(), self.threshold, self.level, self.writer) if dictionary else None
         if trained:
             self.dict_data, self.dict_hash = trained, sha256(trained)
         elif stored_dict:
@@ -257,7 +258,7 @@ class _Pack:
             self.dict_hash = stored_dict
             self.dict_data = next(iter(self.conn.execute("SELECT data FROM blob_dicts WHERE hash = ?", (stored_dict,))))[0]
         if not is_packed(self.conn):
-            self.refuse_lookalikes()
+            _refuse_lookalikes(self.conn, self.columns())
         self.conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS pack_chunk (rid INTEGER PRIMARY KEY, h TEXT NOT NULL, size INTEGER NOT NULL);"
             "CREATE TEMP TABLE IF NOT EXISTS pack_dry (hash TEXT PRIMARY KEY);"
@@ -289,48 +290,6 @@ class _Pack:
         """``dict_key``: how the blobs this run writes name their dictionary."""
         if self.dict_hash is not None and dict_ids(self.conn):
             self.dict_key = self.writer.one("SELECT id FROM main.blob_dicts WHERE hash = ?", (self.dict_hash,))
-
-    def refuse_lookalikes(self) -> None:
-        """Before a file's first pack: no value may already read like a reference.
-
-        In a packed file such a value would be taken for one. llm never
-        writes them (they are stored with the storage class it does not use
-        in that column), so one means a hand-made or damaged row.
-
-        :raises DagsyncError: naming the first such value.
-        """
-        for column in self.columns():
-            row = next(
-                iter(self.conn.execute(f'SELECT t.rowid FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')),
-                None,
-            )
-            if row is not None:
-                kind = "a BLOB" if column.holds == "text" else "TEXT"
-                raise DagsyncError(
-                    f"{column.table}.{column.column} of rowid {row[0]} is {kind} that reads like a blob reference "
-                    f"('{PREFIX}' and a hash); a packed file would take it for one, so pack refuses: "
-                    "change or remove that value first"
-                )
-
-    def train(self) -> bytes | None:
-        """A dictionary trained on an even sample of the file's small payloads (None if too few)."""
-        samples: list[bytes] = []
-        for column in self.columns():
-            value = f'"{column.column}"'
-            total = next(iter(self.conn.execute(f'SELECT max(rowid) FROM "{column.table}"')))[0] or 0
-            step = max(1, total // DICT_SAMPLES)
-            samples += [
-                payload_bytes(v)
-                for (v,) in self.conn.execute(
-                    f'SELECT {value} FROM "{column.table}" WHERE rowid % ? = 0 AND typeof({value}) = ? '
-                    f"AND length(CAST({value} AS BLOB)) BETWEEN ? AND ? LIMIT ?",
-                    (step, column.holds, self.threshold, SMALL - 1, DICT_SAMPLES),
-                )
-            ]
-        if len(samples) < 100:
-            return None
-        self.writer.progress("pack: training a dictionary", 0, 1)
-        return zstandard.train_dictionary(DICT_SIZE, samples, level=self.level).as_bytes()
 
     def compress(self, value: str | bytes) -> bytes:
         data = payload_bytes(value)
@@ -385,19 +344,7 @@ class _Pack:
                 if self.seen_before:
                     self.conn.execute("INSERT OR IGNORE INTO temp.pack_seen SELECT h, size FROM temp.pack_chunk")
                 if self.source and not self.dry_run:
-                    src = self.source
-                    # A dictionary is copied by its hash; each file names it its own way.
-                    src_key = "id" if dict_ids(self.conn, src) else "hash"
-                    src_hash = "b.dict" if src_key == "hash" else f"(SELECT d.hash FROM {src}.blob_dicts d WHERE d.id = b.dict)"
-                    dict_of = f"(SELECT m.id FROM main.blob_dicts m WHERE m.hash = {src_hash})" if dict_ids(self.conn) else src_hash
-                    self.conn.execute(
-                        f"INSERT OR IGNORE INTO main.blob_dicts (hash, data) SELECT d.hash, d.data FROM {src}.blob_dicts d "
-                        f"WHERE d.{src_key} IN (SELECT b.dict FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk))"
-                    )
-                    self.conn.execute(
-                        f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, {dict_of}, b.data "
-                        f"FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk)"
-                    )
+                    _copy_blobs(self.conn, self.source)
                 # One blob per payload this chunk brings that the store lacks,
                 # compressed into a temp table and counted there.
                 lacking = "k.h NOT IN (SELECT hash FROM temp.pack_dry)" + (
@@ -477,3 +424,64 @@ class _Pack:
             self.distinct, self.distinct_bytes = self.new_blobs, self.new_payload_bytes
         for name in ("pack_chunk", "pack_dry", "pack_seen", "pack_new"):
             self.conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
+
+
+def _refuse_lookalikes(conn: apsw.Connection, columns: list[PackedColumn]) -> None:
+    """Before a file's first pack: no value may already read like a reference.
+
+    In a packed file such a value would be taken for one. llm never
+    writes them (they are stored with the storage class it does not use
+    in that column), so one means a hand-made or damaged row.
+
+    :raises DagsyncError: naming the first such value.
+    """
+    for column in columns:
+        row = next(
+            iter(conn.execute(f'SELECT t.rowid FROM "{column.table}" t WHERE {marker_sql(column, "t")} LIMIT 1')),
+            None,
+        )
+        if row is not None:
+            kind = "a BLOB" if column.holds == "text" else "TEXT"
+            raise DagsyncError(
+                f"{column.table}.{column.column} of rowid {row[0]} is {kind} that reads like a blob reference "
+                f"('{PREFIX}' and a hash); a packed file would take it for one, so pack refuses: "
+                "change or remove that value first"
+            )
+
+
+def _train(conn: apsw.Connection, columns: list[PackedColumn], threshold: int, level: int, writer: Writer) -> bytes | None:
+    """A dictionary trained on an even sample of the file's small payloads (None if too few)."""
+    samples: list[bytes] = []
+    for column in columns:
+        value = f'"{column.column}"'
+        total = next(iter(conn.execute(f'SELECT max(rowid) FROM "{column.table}"')))[0] or 0
+        step = max(1, total // DICT_SAMPLES)
+        samples += [
+            payload_bytes(v)
+            for (v,) in conn.execute(
+                f'SELECT {value} FROM "{column.table}" WHERE rowid % ? = 0 AND typeof({value}) = ? '
+                f"AND length(CAST({value} AS BLOB)) BETWEEN ? AND ? LIMIT ?",
+                (step, column.holds, threshold, SMALL - 1, DICT_SAMPLES),
+            )
+        ]
+    if len(samples) < 100:
+        return None
+    writer.progress("pack: training a dictionary", 0, 1)
+    return zstandard.train_dictionary(DICT_SIZE, samples, level=level).as_bytes()
+
+
+def _copy_blobs(conn: apsw.Connection, src: str) -> None:
+    """Copy by key from the attached packed source ``src`` the blobs (and their
+    dictionaries) of the payloads in ``temp.pack_chunk``: none is compressed again."""
+    # A dictionary is copied by its hash; each file names it its own way.
+    src_key = "id" if dict_ids(conn, src) else "hash"
+    src_hash = "b.dict" if src_key == "hash" else f"(SELECT d.hash FROM {src}.blob_dicts d WHERE d.id = b.dict)"
+    dict_of = f"(SELECT m.id FROM main.blob_dicts m WHERE m.hash = {src_hash})" if dict_ids(conn) else src_hash
+    conn.execute(
+        f"INSERT OR IGNORE INTO main.blob_dicts (hash, data) SELECT d.hash, d.data FROM {src}.blob_dicts d "
+        f"WHERE d.{src_key} IN (SELECT b.dict FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk))"
+    )
+    conn.execute(
+        f"INSERT OR IGNORE INTO main.blobs (hash, size, dict, data) SELECT b.hash, b.size, {dict_of}, b.data "
+        f"FROM {src}.blobs b WHERE b.hash IN (SELECT h FROM temp.pack_chunk)"
+    )

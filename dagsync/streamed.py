@@ -12,10 +12,9 @@ docs/blobs.md).
 from __future__ import annotations
 
 import hashlib
-import shutil
 import tempfile
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 import apsw
 import zstandard
@@ -70,24 +69,10 @@ def compress_into(
                     "INSERT INTO main.blobs (hash, size, dict, data) VALUES (?, ?, NULL, zeroblob(?))",
                     (blob_hash, size, stored),
                 )
-                _copy(frame, conn.blob_open("main", "blobs", "data", conn.last_insert_rowid(), True))
+                with conn.blob_open("main", "blobs", "data", conn.last_insert_rowid(), True) as target:
+                    while piece := frame.read(STREAM_CHUNK):
+                        target.write(piece)
     return stored
-
-
-def _copy(source: BinaryIO, target: apsw.Blob) -> None:
-    with target:
-        shutil.copyfileobj(source, _BlobWriter(target), STREAM_CHUNK)
-
-
-class _BlobWriter:
-    """A blob handle as ``shutil.copyfileobj`` writes to one."""
-
-    def __init__(self, handle: apsw.Blob) -> None:
-        self.handle = handle
-
-    def write(self, data: bytes) -> int:
-        self.handle.write(data)
-        return len(data)
 
 
 def write_back(

@@ -205,29 +205,29 @@ def test_the_same_divergence_merged_from_differently_named_files_does_not_confli
     assert name.startswith("t (branch from ")
 
 
-def test_pack_refuses_a_blob_in_a_column_of_text_that_reads_like_a_short_reference(tmp_path):
+LOOKALIKES = {
+    # A 40-byte BLOB in a column of text (the short form); 72 characters of TEXT in a column of bytes.
+    "short-blob-in-text": (
+        "UPDATE parts SET text = ?", (b"dagsync:" + bytes(32),), "parts.text of rowid 1 is a BLOB"
+    ),
+    "text-in-bytes": (
+        "INSERT INTO attachments (id, content) VALUES ('a', ?)", ("dagsync:" + "ab" * 32,),
+        "attachments.content of rowid 1 is TEXT",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOOKALIKES))
+def test_pack_refuses_a_value_that_reads_like_a_reference(tmp_path, case):
+    sql, params, what = LOOKALIKES[case]
     path = llm_db(tmp_path / "l.db", [("b2:a", None)], tips={"t": "b2:a"}, turns=[])
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE parts SET text = ?", (b"dagsync:" + bytes(32),))
+        conn.execute(sql, params)
     before = path.read_bytes()
     with pytest.raises(DagsyncError) as info:
         pack(path)
     assert str(info.value) == (
-        "parts.text of rowid 1 is a BLOB that reads like a blob reference ('dagsync:' and a hash); "
-        "a packed file would take it for one, so pack refuses: change or remove that value first"
-    )
-    assert path.read_bytes() == before
-
-
-def test_pack_refuses_a_value_that_reads_like_a_reference(tmp_path):
-    path = llm_db(tmp_path / "l.db", [("b2:a", None)], tips={"t": "b2:a"}, turns=[])
-    with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO attachments (id, content) VALUES ('a', ?)", ("dagsync:" + "ab" * 32,))
-    before = path.read_bytes()
-    with pytest.raises(DagsyncError) as info:
-        pack(path)
-    assert str(info.value) == (
-        "attachments.content of rowid 1 is TEXT that reads like a blob reference ('dagsync:' and a hash); "
+        f"{what} that reads like a blob reference ('dagsync:' and a hash); "
         "a packed file would take it for one, so pack refuses: change or remove that value first"
     )
     assert path.read_bytes() == before
