@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 import apsw
 
+from dagsync import encoding
 from dagsync.errors import DagsyncError
 
-__all__ = ["Fault", "named", "one_line"]
+__all__ = ["Fault", "named", "not_utf8", "one_line"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,6 +85,26 @@ def _locked(paths: list[str]) -> str:
     return paths[0]
 
 
+def not_utf8(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was raised while handling, Python failing to read TEXT
+    as UTF-8 (the statement that met it stays open, so cleanup after it can fail too)."""
+    while exc is not None:
+        if isinstance(exc, UnicodeDecodeError):
+            return True
+        exc = exc.__context__
+    return False
+
+
+def _paths(arguments: dict[str, Any], parameter: str, others: tuple[str, ...]) -> list[str]:
+    """The file passed as ``parameter``, then those in ``others`` (a path or a list of paths each)."""
+    paths = [os.fspath(arguments[parameter])]
+    for name in others:
+        value = arguments.get(name)
+        values = [value] if isinstance(value, (str, os.PathLike)) else list(value or ())
+        paths += [os.fspath(v) for v in values]
+    return paths
+
+
 def named(parameter: str, *others: str) -> Callable[[F], F]:
     """Wrap an operation so that a fault becomes a ``Fault`` naming the file
     passed as ``parameter``; a lock held too long names whichever of it and
@@ -98,16 +119,19 @@ def named(parameter: str, *others: str) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
             except DagsyncError:
                 raise
-            except (apsw.Error, OSError) as exc:
+            except (apsw.Error, OSError, UnicodeDecodeError) as exc:
                 arguments = signature.bind(*args, **kwargs).arguments
+                if not_utf8(exc):
+                    # A TEXT value that is not UTF-8, met by a read (every read
+                    # comes before the first write): find it and name it.
+                    for path in _paths(arguments, parameter, others):
+                        found = encoding.open_and_find(path)
+                        if found is not None:
+                            raise encoding.found_in(path, found) from None
+                    raise
                 path = os.fspath(arguments[parameter])
                 if isinstance(exc, apsw.BusyError) and others:
-                    paths = [str(path)]
-                    for name in others:
-                        value = arguments.get(name)
-                        values = [value] if isinstance(value, (str, os.PathLike)) else list(value or ())
-                        paths += [os.fspath(v) for v in values]
-                    path = _locked(paths)
+                    path = _locked(_paths(arguments, parameter, others))
                 what = _what(str(path), exc)
                 if what is None:
                     raise

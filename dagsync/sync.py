@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from dagsync import encoding
 from dagsync.merge import MergeReport, Progress, merge
 
 __all__ = ["SyncReport", "sync"]
@@ -58,9 +59,18 @@ def sync(
         # damaged A is refused before B's rows are written into it.
         merge(b, [a], dry_run=True, progress=progress, **into_b_labels)
     into_a = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
-    into_b = merge(b, [a], dry_run=dry_run, progress=progress, **into_b_labels)
-    settle = None
-    # A dry run writes nothing to A, so a third leg would only repeat the first.
-    if not dry_run and any(t.forked or t.moved for s in into_b.sources for t in s.tables):
-        settle = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
+    try:
+        into_b = merge(b, [a], dry_run=dry_run, progress=progress, **into_b_labels)
+        settle = None
+        # A dry run writes nothing to A, so a third leg would only repeat the first.
+        if not dry_run and any(t.forked or t.moved for s in into_b.sources for t in s.tables):
+            settle = merge(a, [b], dry_run=dry_run, progress=progress, **into_a_labels)
+    except encoding.NotText as exc:
+        # Text no key covers is copied as it is, so the first merge may have
+        # carried it into A: say so, rather than that nothing was written.
+        if dry_run:
+            raise
+        raise encoding.NotText(str(exc).replace(
+            "nothing was written", f"{a} was merged from {b} before it was found, and {b} was not written"
+        )) from None
     return SyncReport(into_a, into_b, settle)

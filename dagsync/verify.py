@@ -5,6 +5,8 @@ only tables verify makes are in SQLite's temp database, never in the file.
 Each check returns problems naming the table, the key and what is wrong:
 
 * ``integrity_check`` - SQLite's own page-level check;
+* text - every TEXT value is UTF-8 (llm cannot read a row whose text is not;
+  ``encoding.py``);
 * foreign keys - ``PRAGMA foreign_key_check``;
 * dangling parents - a message whose parent is not there;
 * cycles - messages that never lead back to a chain's start;
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from dagsync import bookkeeping
-from dagsync import faults
+from dagsync import encoding, faults
 from dagsync.db import Database, open_source
 from dagsync.errors import BlobError
 from dagsync.faults import one_line
@@ -87,6 +89,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
     with open_source(path, quick_check=False) as db:
         checks = {
             "integrity": _integrity,
+            "text": _text,
             "foreign keys": _foreign_keys,
             "dangling parents": _dangling_parents,
             "cycles": _cycles,
@@ -105,10 +108,11 @@ def verify(path: str | os.PathLike[str]) -> VerifyReport:
                     found += 1
                     if found <= SHOWN:
                         problems.append(problem)
-            except apsw.Error as exc:
+            except (apsw.Error, UnicodeDecodeError) as exc:
                 # Damage bad enough to stop a check is itself the finding.
                 found += 1
-                problems.append(Problem(name, "database", "-", f"this check could not finish: {one_line(str(exc))}"))
+                why = "it read text that is not UTF-8 (the text check names it)" if faults.not_utf8(exc) else one_line(str(exc))
+                problems.append(Problem(name, "database", "-", f"this check could not finish: {why}"))
             counts[name] = found
         key = db.format.message_key
         try:
@@ -125,6 +129,12 @@ def _integrity(db: Database):
     for (line,) in db.conn.execute("PRAGMA integrity_check"):
         if line != "ok":
             yield Problem("integrity", "database", "-", one_line(line))
+
+
+def _text(db: Database):
+    for found in encoding.values(db.conn):
+        key = "-" if found.rowid is None else f"rowid {found.rowid}"
+        yield Problem("text", found.table, key, f"{found.column} is not UTF-8 text ({found.why})")
 
 
 def _foreign_keys(db: Database):
