@@ -81,12 +81,12 @@ def values(conn: apsw.Connection, schema: str = "main", limit: int | None = None
             found += 1
             continue
         table = raw.decode("utf-8")
-        quoted = '"' + table.replace('"', '""') + '"'
+        quoted = _quoted(table)
         columns = [c for (_, c, *_rest) in conn.execute(f"PRAGMA {schema}.table_info({quoted})")]
         if not columns:
             continue
         rowid = _rowid(conn, schema, quoted)
-        checks = [f'CASE WHEN typeof("{c}") = \'text\' THEN {FUNCTION}(CAST("{c}" AS BLOB)) END' for c in columns]
+        checks = [f"CASE WHEN typeof({q}) = 'text' THEN {FUNCTION}(CAST({q} AS BLOB)) END" for q in map(_quoted, columns)]
         query = (
             f"SELECT {rowid or 'NULL'}, {', '.join(checks)} FROM {schema}.{quoted} "
             f"WHERE {' OR '.join(f'({check}) IS NOT NULL' for check in checks)}"
@@ -98,6 +98,10 @@ def values(conn: apsw.Connection, schema: str = "main", limit: int | None = None
                     found += 1
                     if limit is not None and found >= limit:
                         return
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _rowid(conn: apsw.Connection, schema: str, quoted: str) -> str | None:

@@ -172,3 +172,15 @@ def test_law_the_values_found_are_exactly_those_python_cannot_read(values):
         except UnicodeDecodeError:
             expected.append(rowid)
     assert [(f.table, f.column, f.rowid) for f in encoding.values(conn)] == [("t", "a", r) for r in expected]
+
+
+def test_names_with_quotes_and_tables_without_rowid_are_searched():
+    conn = apsw.Connection(":memory:")
+    conn.execute('CREATE TABLE "we""ird" ("a""b", c)')
+    conn.execute("INSERT INTO \"we\"\"ird\" VALUES (CAST(X'61FF' AS TEXT), 1)")
+    conn.execute("CREATE TABLE w (k PRIMARY KEY, v) WITHOUT ROWID")
+    conn.execute("INSERT INTO w VALUES (1, CAST(X'C0' AS TEXT))")
+    assert [str(f) for f in encoding.values(conn)] == [
+        'we"ird.a"b of row 1 is not UTF-8 text (byte 0xff at offset 1: invalid start byte)',
+        "w.v of a row without a rowid is not UTF-8 text (byte 0xc0 at offset 0: invalid start byte)",
+    ]
