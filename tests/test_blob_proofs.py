@@ -301,7 +301,7 @@ def test_verify_reports_a_bomb_and_every_other_check(packed_file, tmp_path, bomb
     tamper(path, "UPDATE blobs SET data = ? WHERE hash = ?", (bomb, key))
     report = verify(path)
     assert any(p.check == "blobs" and p.key == key and p.what == f"declares {BOMB_SIZE} bytes, not its size {size}" for p in report.problems)
-    assert set(report.counts) == {"integrity", "foreign keys", "dangling parents", "cycles", "duplicate identities", "content", "keys", "bookkeeping", "blobs"}
+    assert set(report.counts) == {"integrity", "text", "foreign keys", "dangling parents", "cycles", "duplicate identities", "content", "keys", "bookkeeping", "blobs"}
     # The messages whose part it was cannot be read back: named too, by the content check.
     assert report.counts["content"] >= 1
 
