@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from dagsync.cli import app
 from dagsync.errors import DagsyncError
 from dagsync.verify import verify
+from conftest import source_and_target
 from fixtures import family, family_llm
 
 runner = CliRunner()
@@ -47,13 +48,7 @@ def short_transactions_of_a_few_rows(monkeypatch):
 @pytest.fixture(scope="module", params=["dag", "llm"])
 def files(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(format, a source, an unrelated existing target) of that format."""
-    directory = tmp_path_factory.mktemp(f"proofs-{request.param}")
-    make = family if request.param == "dag" else family_llm
-    if request.param == "llm":
-        pytest.importorskip("llm")
-    source = make(directory / "src", seed=11, machines=1, conversations=30)[0].path
-    target = make(directory / "tgt", seed=12, machines=1, conversations=5)[0].path
-    return request.param, source, target
+    return source_and_target(request.param, tmp_path_factory)
 
 
 def edit(path: Path, sql: str, params: tuple = ()) -> None:

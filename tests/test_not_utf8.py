@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from dagsync import encoding
 from dagsync.cli import app
 from dagsync.verify import Problem, verify
-from fixtures import family, family_llm
+from conftest import source_and_target
 
 runner = CliRunner()
 
@@ -30,13 +30,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module", params=["dag", "llm"])
 def files(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(format, a source, an unrelated existing target) of that format."""
-    directory = tmp_path_factory.mktemp(f"utf8-{request.param}")
-    make = family if request.param == "dag" else family_llm
-    if request.param == "llm":
-        pytest.importorskip("llm")
-    source = make(directory / "src", seed=11, machines=1, conversations=30)[0].path
-    target = make(directory / "tgt", seed=12, machines=1, conversations=5)[0].path
-    return request.param, source, target
+    return source_and_target(request.param, tmp_path_factory)
 
 
 def damage(path: Path, table: str, column: str) -> tuple[int, int]:
