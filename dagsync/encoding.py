@@ -29,6 +29,10 @@ FUNCTION = "dagsync_not_utf8"
 class NotText(DamagedSource):
     """A TEXT value that is not UTF-8: the file is damaged."""
 
+    def __init__(self, message: str, path: str, found: "NotUtf8") -> None:
+        super().__init__(message)
+        self.path, self.found = path, found
+
 
 @dataclass(frozen=True)
 class NotUtf8:
@@ -48,7 +52,8 @@ def found_in(path: str | os.PathLike[str], found: NotUtf8, written: str = "nothi
     """The error naming ``found`` in the file at ``path``; ``written`` says what the command wrote."""
     return NotText(
         f"{path} is damaged: {found}; {written} - run `dagsync verify {path}` to list every such value, "
-        "and restore the file from a backup"
+        "and restore the file from a backup",
+        os.fspath(path), found,
     )
 
 

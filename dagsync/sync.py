@@ -70,7 +70,7 @@ def sync(
         # carried it into A: say so, rather than that nothing was written.
         if dry_run:
             raise
-        raise encoding.NotText(str(exc).replace(
-            "nothing was written", f"{a} was merged from {b} before it was found, and {b} was not written"
-        )) from None
+        raise encoding.found_in(
+            exc.path, exc.found, f"{a} was merged from {b} before it was found, and {b} was not written"
+        ) from None
     return SyncReport(into_a, into_b, settle)
