@@ -343,7 +343,11 @@ def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
     """``temp.msg_new``: the messages to insert, parents first; ``temp.msg_moved``:
     the ones mapped onto another row, where references to them go."""
     c = run.conn
-    c.execute("CREATE TEMP TABLE msg_new (seq INTEGER PRIMARY KEY, src TEXT NOT NULL, parent TEXT NOT NULL)")
+    # ``rid``: the source's rowid, by which the copy reads each row (the key's
+    # index would be one more lookup per message).
+    c.execute(
+        "CREATE TEMP TABLE msg_new (seq INTEGER PRIMARY KEY, src TEXT NOT NULL, parent TEXT NOT NULL, rid INTEGER NOT NULL)"
+    )
     # Parents first, so every commit leaves each one's parent in place. The
     # source's own row order is that order in any file written a message at a
     # time (and it is the order of the ids, so inserts land near each other
@@ -352,7 +356,9 @@ def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
         # Without rounds: _new_in_order found each new message's parent
         # held by the target or earlier in the source (its depth).
         c.execute(
-            "INSERT INTO temp.msg_new (src, parent) SELECT src, parent FROM temp.msg_map WHERE kind = ? ORDER BY depth",
+            # A new message's depth is its source rowid (_settle_unchanged).
+            "INSERT INTO temp.msg_new (src, parent, rid) SELECT src, parent, depth FROM temp.msg_map "
+            "WHERE kind = ? ORDER BY depth",
             (NEW,),
         )
     else:
@@ -366,7 +372,7 @@ def _order_new(run: SourceMerge, table: Table, settled: bool) -> None:
         )
         order = "s.rid" if not backwards else "m.depth, m.src"
         c.execute(
-            "INSERT INTO temp.msg_new (src, parent) SELECT m.src, m.parent FROM temp.msg_map m "
+            "INSERT INTO temp.msg_new (src, parent, rid) SELECT m.src, m.parent, s.rid FROM temp.msg_map m "
             f"JOIN temp.src_msg s ON s.id = m.src WHERE m.kind = ? ORDER BY {order}",
             (NEW,),
         )
@@ -398,8 +404,8 @@ def apply(run: SourceMerge, table: Table) -> None:
         with run.writer.transaction():
             c.execute(
                 f"INSERT INTO main.messages ({run.column_list(table)}) SELECT {select} "
-                f"FROM temp.msg_new n JOIN src.messages s ON s.{key} = n.src "
-                f"WHERE n.seq BETWEEN ? AND ? ORDER BY {_insert_order(run, table)}",
+                f"FROM temp.msg_new n JOIN src.messages s ON s.rowid = n.rid "
+                f"WHERE n.seq BETWEEN ? AND ? AND +s.{key} = n.src ORDER BY {_insert_order(run, table)}",
                 (low, high),
             )
             run.written[table.name].added += run.changes()

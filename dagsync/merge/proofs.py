@@ -85,8 +85,8 @@ class MessageProofs:
         try:
             c.execute("PRAGMA proof.journal_mode = OFF")
             c.execute("PRAGMA proof.synchronous = OFF")
-            c.execute("CREATE TABLE proof.keys (seq INTEGER PRIMARY KEY, key TEXT NOT NULL)")
-            c.execute("INSERT INTO proof.keys SELECT seq, src FROM temp.msg_new ORDER BY seq")
+            c.execute("CREATE TABLE proof.keys (seq INTEGER PRIMARY KEY, key TEXT NOT NULL, rid INTEGER NOT NULL)")
+            c.execute("INSERT INTO proof.keys SELECT seq, src, rid FROM temp.msg_new ORDER BY seq")
         finally:
             c.execute("DETACH DATABASE proof")
         self._thread = threading.Thread(target=self._run, args=(keys,), name="message proofs", daemon=True)
@@ -120,13 +120,13 @@ class MessageProofs:
         blobs = Blobs(conn)
         if self.key is Key.DAG_MESSAGE:
             rows = conn.execute(
-                f"SELECT {DAG_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.id = k.key "
+                f"SELECT {DAG_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.rowid = k.rid AND +m.id = k.key "
                 'LEFT JOIN main.message_parts p ON p.message_id = m.id ORDER BY k.seq, p."order"'
             )
             failures = dag_failures(self._until_stopped(rows), blobs, blob_errors=True)
         else:
             rows = conn.execute(
-                f"SELECT {LLM_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.hash = k.key "
+                f"SELECT {LLM_COLUMNS} FROM proof.keys k JOIN main.messages m ON m.rowid = k.rid AND +m.hash = k.key "
                 "LEFT JOIN main.parts p ON p.message_hash = m.hash ORDER BY k.seq, p.position"
             )
             lookups = LlmLookups(conn, blobs, also="target" if self.target is not None else None)
