@@ -112,9 +112,8 @@ class SourceMerge:
         self.boundary = 0  # messages a thin source refers to and the target holds (messages.plan)
         # New rows whose references resolve nowhere, by table, where a plan counted them.
         self.dangling_counted: dict[str, int] = {}
-        # Keyed tables whose new rows are inserted leaning on the target's
-        # unique key (keyed.plan), by table: the key's columns, quoted.
-        self.upsert_on: dict[str, str] = {}
+        # Keyed tables whose new rows skip the target's keys by its unique index (keyed.plan).
+        self.upsert: set[str] = set()
         self.bounds: dict[str, int] = {}
         # Derived tables no trigger of the target keeps -> their content table.
         self.unindexed: dict[str, str] = {}

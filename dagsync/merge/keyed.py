@@ -61,9 +61,9 @@ def plan(run: SourceMerge, table: Table) -> None:
     counts = run.counts[name]
     counts.added, counts.existing = added, existing
     run.dangling_counted[name] = dangling
-    run.upsert_on.pop(name, None)
+    run.upsert.discard(name)
     if not null_keys and _unique_on(run, "main", table) and _unique_on(run, "src", table):
-        run.upsert_on[name] = quoted(key)
+        run.upsert.add(name)
 
 
 def _unique_on(run: SourceMerge, schema: str, table: Table) -> bool:
@@ -92,14 +92,14 @@ def apply(run: SourceMerge, table: Table) -> None:
     name = table.name
     select = ", ".join(expr(run, table, col, written=True) for col in run.columns[name])
     match = key_match(run, table)
-    if name in run.upsert_on:
+    if name in run.upsert:
         # A statement that reads the table it inserts into first stores every
         # row it selects in a temp table (prompts and responses: hundreds of
         # MB per chunk, a large attachment twice in memory); skipping the keys
         # there by the key's own unique index reads only the source. Only
         # where both files have that index, and no key holds a NULL (which IS
         # matches and an index does not: keyed.plan).
-        skip = f"ON CONFLICT ({run.upsert_on[name]}) DO NOTHING"
+        skip = f"ON CONFLICT ({quoted(table.natural_key)}) DO NOTHING"
     else:
         skip = f'AND NOT EXISTS (SELECT 1 FROM main."{name}" t WHERE {match})'
     for low, high in run.chunks(f'src."{name}"', phase=f"copying {name}", writes=True):
